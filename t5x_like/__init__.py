@@ -1,0 +1,7 @@
+"""t5x_like: a JAX/Flax codebase for studying how language models are pre-trained.
+
+Layers (each may import only those to its left): data -> kernels -> models -> train -> scripts.
+See DESIGN.md for the contracts between them.
+"""
+
+__version__ = "0.1.0"

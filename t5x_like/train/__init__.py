@@ -1,0 +1,1 @@
+"""t5x_like.train."""
