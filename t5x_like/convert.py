@@ -1,0 +1,217 @@
+"""`python -m t5x_like.convert`: checkpoints between T5X, Hugging Face and t5x_like.
+
+    python -m t5x_like.convert --from hf --to ours --input hf_dir/ --output converted/
+    python -m t5x_like.convert --from t5x --to hf --input t5x_params.npz --output hf_dir/ \
+        --gin_file gin/models/t5_1_1_base.gin
+    python -m t5x_like.convert --from ours --to hf --input runs/my_run --output hf_dir/
+
+Inputs (`--input`):
+- `hf`: a directory with `config.json` + `model.safetensors` (or a sharded index), or a
+  `.safetensors` file next to its `config.json` (`--hf_config` to point elsewhere);
+- `t5x` / `ours`: a parameter tree as an orbax/flax PyTree directory (a T5X or t5x_like train
+  state is fine: `target` / `params` are picked out), a t5x_like model dir or checkpoint step
+  dir (latest step), a `.npz` with '/'-joined paths, a `.msgpack` (flax) or a `.safetensors`
+  file with '/'-joined names. Unscanned or scanned layouts (T5X: layer axis `--scan_axis`,
+  default 1 as T5X's `param_scan_axis`; ours: axis 0).
+  Legacy T5X tensorstore checkpoints (msgpack `checkpoint` file + zarr arrays) are not read:
+  restore them with T5X and save the `target` tree with orbax first.
+
+Model config: `--gin_file` / `--gin.TransformerConfig.x=...` bindings; else the `config.gin`
+of a t5x_like model dir; else inferred from the tree (`config_from_t5x`) or the HF config.
+For `--from hf` gin bindings override non-structural fields (dtype, scan_layers, dropout...).
+
+Outputs (`--output`):
+- `ours`: `OUT/params` (orbax PyTree of the parameter tree, what `train.init_params_path`
+  loads) + `OUT/config.gin` (the model's bindings and `train.init_params_path`); with an
+  `.npz` / `.msgpack` OUT the params go to that file and the bindings to `OUT` minus the
+  suffix + `.gin`;
+- `t5x`: the T5X tree as an orbax PyTree directory, `.npz` or `.msgpack` (`--t5x_scan_layers`
+  to stack layers along `--scan_axis`);
+- `hf`: `OUT/config.json` + `OUT/model.safetensors` (loads with `from_pretrained`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import numpy as np
+
+from t5x_like.models import interop
+from t5x_like.models import param_tree as pt
+from t5x_like.models.config import TransformerConfig
+from t5x_like.models.interop import ConversionError
+
+
+def read_tree(path: str) -> Any:
+    """Reads a parameter tree (see module docstring) as numpy arrays."""
+    if os.path.isfile(path):
+        if path.endswith(".npz"):
+            with np.load(path) as npz:
+                return {k: npz[k] for k in npz.files}
+        if path.endswith(".msgpack"):
+            from flax import serialization
+
+            with open(path, "rb") as f:
+                return serialization.msgpack_restore(f.read())
+        if path.endswith(".safetensors"):
+            from safetensors.numpy import load_file
+
+            return load_file(path)
+        raise ConversionError(f"unsupported parameter file {path!r} "
+                              "(.npz, .msgpack, .safetensors or an orbax directory)")
+    if not os.path.isdir(path):
+        raise ConversionError(f"no such file or directory: {path!r}")
+    if os.path.exists(os.path.join(path, "checkpoint")) and not os.path.exists(
+        os.path.join(path, "_METADATA")
+    ):
+        raise ConversionError(f"{path!r} looks like a legacy T5X tensorstore checkpoint; "
+                              "restore it with T5X and save its 'target' with orbax first")
+    import orbax.checkpoint as ocp
+
+    return ocp.PyTreeCheckpointer().restore(_state_dir(path))
+
+
+def _state_dir(path: str) -> str:
+    """A t5x_like model dir / checkpoints dir / step dir -> its orbax state dir; else `path`."""
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        path = os.path.join(path, "checkpoints")
+    steps = [d for d in os.listdir(path) if d.isdigit()]
+    if steps:
+        path = os.path.join(path, max(steps, key=int))
+    if os.path.isdir(os.path.join(path, "state")):
+        path = os.path.join(path, "state")
+    return path
+
+
+def _model_dir_gin(path: str) -> str | None:
+    for candidate in (path, os.path.dirname(os.path.abspath(path))):
+        gin_path = os.path.join(candidate, "config.gin")
+        if os.path.isdir(candidate) and os.path.exists(gin_path):
+            return gin_path
+    return None
+
+
+def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> dict[str, Any]:
+    """Parses gin files/bindings; returns the `TransformerConfig` fields they bind."""
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(list(files), list(bindings), skip_unknown=True)
+    bound = {}
+    for field in dataclasses.fields(TransformerConfig):
+        try:
+            bound[field.name] = gin.query_parameter(f"TransformerConfig.{field.name}")
+        except ValueError:
+            continue
+    return bound
+
+
+def gin_text(config: TransformerConfig, params_path: str | None, source: str) -> str:
+    """Gin bindings reproducing `config` (every field) and pointing the trainer at the params."""
+    lines = [f"# Converted by `python -m t5x_like.convert` from {source}.",
+             "# Fine-tune: python -m t5x_like.train --gin_file=<run>.gin --gin_file=<this file>",
+             "import t5x_like.models", ""]
+    for field in dataclasses.fields(config):
+        lines.append(f"TransformerConfig.{field.name} = {getattr(config, field.name)!r}")
+    lines.append("make_model.config = @TransformerConfig()")
+    if params_path is not None:
+        lines.append(f"train.init_params_path = {os.path.abspath(params_path)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def write_tree(tree: dict[str, Any], path: str) -> str:
+    """Writes a nested tree as `.npz` ('/' paths), `.msgpack` or an orbax PyTree dir."""
+    if path.endswith(".npz"):
+        np.savez(path, **pt.flatten(tree))
+    elif path.endswith(".msgpack"):
+        from flax import serialization
+
+        with open(path, "wb") as f:
+            f.write(serialization.msgpack_serialize(tree))
+    else:
+        import orbax.checkpoint as ocp
+
+        if os.path.exists(path):
+            raise ConversionError(f"{path!r} exists; choose a new output path")
+        ocp.PyTreeCheckpointer().save(os.path.abspath(path), tree)
+    return path
+
+
+def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
+    """Runs one conversion; returns a one-line summary."""
+    bound = parse_gin(args.gin_file, gin_bindings)
+    if args.source == "hf":
+        config, params = interop.from_hf(args.input, args.hf_config, **bound)
+    else:
+        tree = read_tree(args.input)
+        if not bound and (gin_path := _model_dir_gin(args.input)):
+            bound = parse_gin([gin_path], [])
+        # Our own scanned trees stack layers on axis 0; T5X's on `--scan_axis`.
+        axis = 0 if args.source == "ours" else args.scan_axis
+        if args.source == "ours" and "emb_dim" in bound:  # a full config (e.g. config.gin)
+            config = TransformerConfig(**bound)
+        else:
+            config = interop.config_from_t5x(tree, scan_axis=axis, **bound)
+        params = interop.from_t5x(tree, config, scan_axis=axis)
+    out = args.output
+    if args.target == "hf":
+        interop.save_hf(config, params, out)
+    elif args.target == "t5x":
+        write_tree(interop.to_t5x(params, config, scan_layers=args.t5x_scan_layers,
+                                  scan_axis=args.scan_axis), out)
+    else:
+        if out.endswith((".npz", ".msgpack")):
+            params_path, gin_path = out, os.path.splitext(out)[0] + ".gin"
+        else:
+            os.makedirs(out, exist_ok=True)
+            params_path, gin_path = os.path.join(out, "params"), os.path.join(out, "config.gin")
+        write_tree(params, params_path)
+        with open(gin_path, "w", encoding="utf-8") as f:
+            f.write(gin_text(config, params_path, f"{args.source}:{args.input}"))
+        out = f"{params_path} + {gin_path}"
+    n = sum(int(np.prod(v.shape)) for v in pt.flatten(params).values())
+    return (f"converted {args.source}:{args.input} -> {args.target}:{out} "
+            f"({config.family}, {n:,} parameters)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m t5x_like.convert",
+        description="Convert checkpoints between T5X, Hugging Face and t5x_like.",
+    )
+    p.add_argument("--from", dest="source", required=True, choices=("t5x", "hf", "ours"))
+    p.add_argument("--to", dest="target", required=True, choices=("ours", "t5x", "hf"))
+    p.add_argument("--input", required=True, help="checkpoint to read")
+    p.add_argument("--output", required=True, help="where to write")
+    p.add_argument("--gin_file", action="append", default=[], help="model config (repeatable)")
+    p.add_argument("--gin_binding", action="append", default=[], help="e.g. 'TransformerConfig"
+                   ".dtype = \"float32\"' (also accepted as --gin.KEY=VALUE)")
+    p.add_argument("--hf_config", default=None, help="HF config.json if not beside --input")
+    p.add_argument("--scan_axis", type=int, default=1, help="layer axis of scanned T5X trees")
+    p.add_argument("--t5x_scan_layers", action="store_true", help="write T5X layers stacked")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 on a conversion error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = build_parser().parse_known_args(argv)
+    bindings = list(args.gin_binding)
+    for item in extra:
+        if not item.startswith("--gin.") or "=" not in item:
+            build_parser().error(f"unrecognized argument {item!r}")
+        bindings.append(item[len("--gin."):])
+    try:
+        print(convert(args, bindings))
+    except (ConversionError, FileNotFoundError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Static kernel configuration and the per-tile math shared by the GPU and TPU flash kernels.
+
+Everything here runs *inside* a Pallas kernel on one `[block_q, block_k]` tile: the mask is built
+from index vectors, segment ids and prefix flags; the T5 relative bias is computed from the bucket
+function and a `[num_buckets_padded]` row of the bucket table; and the table gradient is reduced
+from the tile's `dS`. Nothing of size `[Lq, Lk]` ever exists outside a tile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from t5x_like.kernels.relpos import relative_position_bucket
+
+# Row maximum of a fully-masked row; replaced by 0 before exponentiating so nothing becomes NaN.
+NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashConfig:
+    """Static (hashable) description of one flash-attention call, after padding.
+
+    `lq`/`lk` are the true lengths, `lq_pad`/`lk_pad` the block multiples the kernels see.
+    `group` = H // Hkv. `kv_pad_mask` masks keys >= lk when no segment ids carry the padding.
+    """
+
+    backend: str
+    interpret: bool
+    causal: bool
+    has_seg: bool
+    has_prefix: bool
+    has_rel: bool
+    has_bias: bool
+    bias_batch: int  # 1 (broadcast) or B
+    bias_heads: int  # 1 (broadcast) or H
+    sm_scale: float
+    block_q: int
+    block_k: int
+    lq: int
+    lk: int
+    lq_pad: int
+    lk_pad: int
+    head_dim_pad: int
+    num_heads: int
+    group: int
+    num_buckets: int
+    num_buckets_pad: int
+    rel_bidirectional: bool
+    rel_max_distance: int
+    kv_pad_mask: bool
+    num_warps: int
+    num_stages: int
+
+    @property
+    def nq(self) -> int:
+        return self.lq_pad // self.block_q
+
+    @property
+    def nk(self) -> int:
+        return self.lk_pad // self.block_k
+
+
+def dot(a: jax.Array, b: jax.Array, *, ta: bool = False, tb: bool = False) -> jax.Array:
+    """2-D matmul with optional transposes, fp32 accumulation: op(a) @ op(b)."""
+    ca = 0 if ta else 1
+    cb = 1 if tb else 0
+    return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def rel_bucket_tile(cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
+    """Bucket ids [bq, bk] of relative position k - q for index vectors q_idx [bq], k_idx [bk]."""
+    rel = k_idx[None, :] - q_idx[:, None]
+    return relative_position_bucket(
+        rel,
+        bidirectional=cfg.rel_bidirectional,
+        num_buckets=cfg.num_buckets,
+        max_distance=cfg.rel_max_distance,
+    )
+
+
+def _bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(min, max) bucket id present in a tile: the loops below visit only that range.
+
+    Tiles farther than `max_distance` from the diagonal hold a single bucket, so there the loop
+    runs once; only near-diagonal tiles pay one select per bucket they contain.
+    """
+    return jnp.min(jnp.min(bucket, axis=1), axis=0), jnp.max(jnp.max(bucket, axis=1), axis=0)
+
+
+def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> jax.Array:
+    """Bias [bq, bk] = table_row[bucket], as a select per bucket present (no in-kernel gather)."""
+    lo, hi = _bucket_range(bucket)
+    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)
+
+    def body(n, acc):
+        value = jnp.sum(jnp.where(ids == n, table_row, 0.0), axis=0)
+        return acc + jnp.where(bucket == n, value, 0.0)
+
+    return jax.lax.fori_loop(lo, hi + 1, body, jnp.zeros(bucket.shape, jnp.float32))
+
+
+def rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Array:
+    """Table-gradient contribution [num_buckets_pad] of one tile: sum of dS per bucket id."""
+    lo, hi = _bucket_range(bucket)
+    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)
+
+    def body(n, acc):
+        total = jnp.sum(jnp.sum(jnp.where(bucket == n, ds, 0.0), axis=1), axis=0)
+        return acc + jnp.where(ids == n, total, 0.0)
+
+    return jax.lax.fori_loop(lo, hi + 1, body, jnp.zeros((cfg.num_buckets_pad,), jnp.float32))
+
+
+def tile_mask(
+    cfg: FlashConfig,
+    q_idx: jax.Array,
+    k_idx: jax.Array,
+    qseg: jax.Array | None,
+    kseg: jax.Array | None,
+    pq: jax.Array | None,
+    pk: jax.Array | None,
+) -> jax.Array | None:
+    """Allowed [bq, bk] (or None = all allowed) per DESIGN.md.
+
+    allowed = same nonzero segment AND (not causal OR k <= q OR (prefix[q] AND prefix[k])),
+    plus k < lk when padding is not carried by segment ids.
+    """
+    mask = None
+
+    def conj(a, b):
+        return b if a is None else jnp.logical_and(a, b)
+
+    if cfg.has_seg:
+        mask = jnp.logical_and(qseg[:, None] == kseg[None, :], qseg[:, None] != 0)
+    if cfg.kv_pad_mask:
+        shape = (q_idx.shape[0], k_idx.shape[0])
+        mask = conj(mask, jnp.broadcast_to(k_idx[None, :] < cfg.lk, shape))
+    if cfg.causal:
+        allowed = k_idx[None, :] <= q_idx[:, None]
+        if cfg.has_prefix:
+            allowed = jnp.logical_or(allowed, jnp.logical_and(pq[:, None] != 0, pk[None, :] != 0))
+        mask = conj(mask, allowed)
+    return mask
+
+
+def logits_tile(
+    cfg: FlashConfig,
+    s: jax.Array,
+    q_idx: jax.Array,
+    k_idx: jax.Array,
+    qseg: jax.Array | None,
+    kseg: jax.Array | None,
+    pq: jax.Array | None,
+    pk: jax.Array | None,
+    table_row: jax.Array | None,
+    bias: jax.Array | None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Scaled scores s [bq, bk] + biases, masked to -inf. Returns (logits, bucket ids or None)."""
+    s = s * cfg.sm_scale if cfg.sm_scale != 1.0 else s
+    bucket = None
+    if cfg.has_rel:
+        bucket = rel_bucket_tile(cfg, q_idx, k_idx)
+        s = s + rel_bias_tile(cfg, bucket, table_row)
+    if cfg.has_bias:
+        s = s + bias.astype(jnp.float32)
+    mask = tile_mask(cfg, q_idx, k_idx, qseg, kseg, pq, pk)
+    if mask is not None:
+        s = jnp.where(mask, s, NEG_INF)
+    return s, bucket
+
+
+def segment_range(seg: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(min nonzero, max) segment id of a block; an all-padding block gives (big, 0)."""
+    big = jnp.iinfo(jnp.int32).max
+    return jnp.min(jnp.where(seg == 0, big, seg), axis=0), jnp.max(seg, axis=0)
+
+
+def segments_overlap(qrange: tuple, krange: tuple) -> jax.Array:
+    """True when a q block and a k block can share a nonzero segment (ids sorted or not,
+    overlapping [min, max] ranges is necessary for any equal pair)."""
+    return jnp.maximum(qrange[0], krange[0]) <= jnp.minimum(qrange[1], krange[1])
+
+
+def causal_k_blocks(cfg: FlashConfig, q0: jax.Array, prefix_len: jax.Array | None) -> jax.Array:
+    """Number of k blocks a causal q block starting at q0 visits (later ones are skipped)."""
+    hi = (q0 + cfg.block_q - 1) // cfg.block_k + 1
+    if cfg.has_prefix:
+        prefix_blocks = (prefix_len + cfg.block_k - 1) // cfg.block_k
+        hi = jnp.where(q0 < prefix_len, jnp.maximum(hi, prefix_blocks), hi)
+    return jnp.minimum(hi, cfg.nk)
+
+
+def causal_first_q_block(
+    cfg: FlashConfig, k0: jax.Array, prefix_len: jax.Array | None
+) -> jax.Array:
+    """First q block that can see a causal k block starting at k0 (earlier ones are skipped)."""
+    lo = k0 // cfg.block_q
+    if cfg.has_prefix:
+        lo = jnp.where(k0 < prefix_len, 0, lo)
+    return lo

@@ -1,0 +1,288 @@
+"""TPU (Pallas Mosaic) flash-attention kernels: forward, dK/dV, dQ (+ bias gradients).
+
+TPU style: the reduction axis is the innermost, sequential ("arbitrary") grid axis, the running
+softmax state / gradient accumulators live in VMEM scratch, and the pipeline DMAs one
+`[block, head_dim]` tile per step. Fully-masked tiles are skipped with `pl.when`; for plain causal
+masks the index map also clamps the streamed block index to the last needed block, so skipped
+steps re-use the resident tile instead of fetching a new one. Arrays are head-major
+`[B, H, L, D]` (Mosaic tiles the last two dims); segment ids / prefix flags are passed as
+`[B, L, 1]` columns for q and `[B, 1, L]` rows for k so their blocks are layout-legal.
+
+Verified here only in TPU interpret mode on CPU (`pltpu.force_tpu_interpret_mode()`), not yet
+compiled by Mosaic on a real TPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from t5x_like.kernels import _flash_common as fc
+from t5x_like.kernels._flash_common import FlashConfig, dot
+
+
+def _call(cfg: FlashConfig, kernel, **kwargs):
+    params = pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+    interpret = pltpu.InterpretParams() if cfg.interpret else False
+    return pl.pallas_call(kernel, compiler_params=params, interpret=interpret, **kwargs)
+
+
+def _side_arrays(cfg: FlashConfig, side: dict) -> dict:
+    out = {}
+    if cfg.has_seg:
+        out["qseg"], out["kseg"] = side["qseg"][:, :, None], side["kseg"][:, None, :]
+    if cfg.has_prefix:
+        out["pq"], out["pk"] = side["pq"][:, :, None], side["pk"][:, None, :]
+        out["plen"] = side["plen"]
+    if cfg.has_rel:
+        out["tab"] = side["tab"][:, None, :]
+    if cfg.has_bias:
+        out["bias"] = side["bias"]
+    return out
+
+
+def _specs(cfg: FlashConfig, q_outer: bool) -> dict[str, pl.BlockSpec]:
+    """BlockSpecs on grid (b, h, outer, inner); `q_outer` = q blocks on axis 2, k on axis 3."""
+    bq, bk, d, g = cfg.block_q, cfg.block_k, cfg.head_dim_pad, cfg.group
+
+    def qk(i_or_j):  # (q block, k block) of a grid point, clamped for plain causal masks
+        def f(b, h, a, c):
+            i, j = (a, c) if q_outer else (c, a)
+            if cfg.causal and not cfg.has_prefix:
+                if q_outer:
+                    j = jnp.minimum(j, (i * bq + bq - 1) // bk)
+                else:
+                    i = jnp.maximum(i, (j * bk) // bq)
+            return i if i_or_j == "i" else j
+        return f
+
+    qi, kj = qk("i"), qk("j")
+    specs = {
+        "q": pl.BlockSpec((None, None, bq, d), lambda b, h, a, c: (b, h, qi(b, h, a, c), 0)),
+        "k": pl.BlockSpec((None, None, bk, d), lambda b, h, a, c: (b, h // g, kj(b, h, a, c), 0)),
+        "lse": pl.BlockSpec((None, None, bq, 1), lambda b, h, a, c: (b, h, qi(b, h, a, c), 0)),
+        "qcol": pl.BlockSpec((None, bq, 1), lambda b, h, a, c: (b, qi(b, h, a, c), 0)),
+        "krow": pl.BlockSpec((None, 1, bk), lambda b, h, a, c: (b, 0, kj(b, h, a, c))),
+        "smem": pl.BlockSpec(memory_space=pltpu.SMEM),
+        "tab": pl.BlockSpec((None, 1, cfg.num_buckets_pad), lambda b, h, a, c: (h, 0, 0)),
+    }
+    bb, bh = cfg.bias_batch > 1, cfg.bias_heads > 1
+    specs["bias"] = pl.BlockSpec(
+        (None, None, bq, bk),
+        lambda b, h, a, c: (b if bb else 0, h if bh else 0, qi(b, h, a, c), kj(b, h, a, c)))
+    specs.update(v=specs["k"], do=specs["q"], delta=specs["lse"], qseg=specs["qcol"],
+                 pq=specs["qcol"], kseg=specs["krow"], pk=specs["krow"], plen=specs["smem"])
+    return specs
+
+
+def _side_names(cfg: FlashConfig) -> list[str]:
+    names = []
+    if cfg.has_seg:
+        names += ["qseg", "kseg"]
+    if cfg.has_prefix:
+        names += ["pq", "pk", "plen"]
+    if cfg.has_rel:
+        names += ["tab"]
+    if cfg.has_bias:
+        names += ["bias"]
+    return names
+
+
+def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
+    """Index vectors, side inputs and the 'tile has work' predicate for q block i, k block j."""
+    b = pl.program_id(0)
+    q0, k0 = i * cfg.block_q, j * cfg.block_k
+    q_idx = q0 + jnp.arange(cfg.block_q, dtype=jnp.int32)
+    k_idx = k0 + jnp.arange(cfg.block_k, dtype=jnp.int32)
+    qseg = r["qseg"][:, 0] if cfg.has_seg else None
+    kseg = r["kseg"][0, :] if cfg.has_seg else None
+    pq = r["pq"][:, 0] if cfg.has_prefix else None
+    pk = r["pk"][0, :] if cfg.has_prefix else None
+    plen = r["plen"][b] if cfg.has_prefix else None
+    tab = r["tab"][0, :].astype(jnp.float32) if cfg.has_rel else None
+    bias = r["bias"][...] if cfg.has_bias else None
+    needed = jnp.bool_(True)
+    if cfg.causal:
+        needed = j < fc.causal_k_blocks(cfg, q0, plen)
+    if cfg.has_seg:
+        needed &= fc.segments_overlap(fc.segment_range(qseg), fc.segment_range(kseg))
+    return (q_idx, k_idx, qseg, kseg, pq, pk, tab, bias), needed
+
+
+def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
+    r = dict(zip(names + ["o", "lse", "m", "l", "acc"], refs, strict=True))
+    i, j = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        r["m"][...] = jnp.full(r["m"].shape, fc.NEG_INF, jnp.float32)
+        r["l"][...] = jnp.zeros(r["l"].shape, jnp.float32)
+        r["acc"][...] = jnp.zeros(r["acc"].shape, jnp.float32)
+
+    tile, needed = _tile_inputs(cfg, r, i, j)
+
+    @pl.when(needed)
+    def _compute():
+        q, k, v = r["q"][...], r["k"][...], r["v"][...]
+        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
+        m = r["m"][:, 0]
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        m_safe = jnp.where(m_new == fc.NEG_INF, 0.0, m_new)
+        alpha = jnp.exp(m - m_safe)
+        p = jnp.exp(s - m_safe[:, None])
+        r["l"][...] = (r["l"][:, 0] * alpha + jnp.sum(p, axis=1))[:, None]
+        r["acc"][...] = r["acc"][...] * alpha[:, None] + dot(p.astype(v.dtype), v)
+        r["m"][...] = m_new[:, None]
+
+    @pl.when(j == cfg.nk - 1)
+    def _finish():
+        denom, m = r["l"][...], r["m"][...]
+        empty = denom == 0.0
+        r["o"][...] = (r["acc"][...] / jnp.where(empty, 1.0, denom)).astype(r["o"].dtype)
+        r["lse"][...] = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, denom)))
+
+
+def _to_head_major(x: jax.Array) -> jax.Array:
+    return jnp.transpose(x, (0, 2, 1, 3))
+
+
+def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
+    """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad, 1] f32."""
+    batch, heads, bq, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.head_dim_pad
+    names = ["q", "k", "v"] + _side_names(cfg)
+    args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
+            **_side_arrays(cfg, side)}
+    specs = _specs(cfg, q_outer=True)
+    o, lse = _call(
+        cfg,
+        functools.partial(_fwd_kernel, cfg=cfg, names=names),
+        out_shape=(jax.ShapeDtypeStruct(args["q"].shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, 1), jnp.float32)),
+        grid=(batch, heads, cfg.nq, cfg.nk),
+        in_specs=[specs[n] for n in names],
+        out_specs=(specs["q"], specs["lse"]),
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        name="t5x_like_flash_fwd_tpu",
+    )(*[args[n] for n in names])
+    return _to_head_major(o), lse
+
+
+def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
+    r = dict(zip(names + ["dk", "dv", "dk_acc", "dv_acc"], refs, strict=True))
+    j, i = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(i == 0)
+    def _init():
+        r["dk_acc"][...] = jnp.zeros(r["dk_acc"].shape, jnp.float32)
+        r["dv_acc"][...] = jnp.zeros(r["dv_acc"].shape, jnp.float32)
+
+    tile, needed = _tile_inputs(cfg, r, i, j)
+
+    @pl.when(needed)
+    def _compute():
+        q, k, v, do = r["q"][...], r["k"][...], r["v"][...], r["do"][...]
+        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
+        p = jnp.exp(s - r["lse"][...])
+        r["dv_acc"][...] += dot(p.astype(do.dtype), do, ta=True)
+        ds = p * (dot(do, v, tb=True) - r["delta"][...])
+        r["dk_acc"][...] += dot(ds.astype(q.dtype), q, ta=True)
+
+    @pl.when(i == cfg.nq - 1)
+    def _finish():
+        r["dk"][...] = r["dk_acc"][...] * cfg.sm_scale
+        r["dv"][...] = r["dv_acc"][...]
+
+
+def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
+    r = dict(zip(names + outs + ["dq_acc", "dtab_acc"], refs, strict=True))
+    i, j = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        r["dq_acc"][...] = jnp.zeros(r["dq_acc"].shape, jnp.float32)
+        r["dtab_acc"][...] = jnp.zeros(r["dtab_acc"].shape, jnp.float32)
+
+    tile, needed = _tile_inputs(cfg, r, i, j)
+    if cfg.has_bias:  # every (i, j) dbias block is an output block: skipped ones are zero
+
+        @pl.when(jnp.logical_not(needed))
+        def _zero():
+            r["dbias"][...] = jnp.zeros(r["dbias"].shape, jnp.float32)
+
+    @pl.when(needed)
+    def _compute():
+        q, k, v, do = r["q"][...], r["k"][...], r["v"][...], r["do"][...]
+        s, bucket = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
+        p = jnp.exp(s - r["lse"][...])
+        ds = p * (dot(do, v, tb=True) - r["delta"][...])
+        r["dq_acc"][...] += dot(ds.astype(k.dtype), k)
+        if cfg.has_rel:
+            r["dtab_acc"][...] += fc.rel_grad_tile(cfg, bucket, ds)[None, :]
+        if cfg.has_bias:
+            r["dbias"][...] = ds
+
+    @pl.when(j == cfg.nk - 1)
+    def _finish():
+        r["dq"][...] = r["dq_acc"][...] * cfg.sm_scale
+        if cfg.has_rel:
+            r["dtab"][...] = r["dtab_acc"][...]
+
+
+def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
+    """Same outputs as `_flash_triton.backward` (dq, per-q-head dk/dv, dtab partials, dbias)."""
+    batch, heads, bq, bk, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.block_k, cfg.head_dim_pad
+    delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+    args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
+            "do": _to_head_major(do), "lse": lse, "delta": delta[..., None],
+            **_side_arrays(cfg, side)}
+    names = ["q", "k", "v", "do", "lse", "delta"] + _side_names(cfg)
+
+    kspecs = _specs(cfg, q_outer=False)
+    per_head = jax.ShapeDtypeStruct((batch, heads, cfg.lk_pad, d), jnp.float32)
+    own_k = pl.BlockSpec((None, None, bk, d), lambda b, h, j, i: (b, h, j, 0))
+    dk, dv = _call(
+        cfg,
+        functools.partial(_dkdv_kernel, cfg=cfg, names=names),
+        out_shape=(per_head, per_head),
+        grid=(batch, heads, cfg.nk, cfg.nq),
+        in_specs=[kspecs[n] for n in names],
+        out_specs=(own_k, own_k),
+        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
+        name="t5x_like_flash_bwd_dkdv_tpu",
+    )(*[args[n] for n in names])
+
+    qspecs = _specs(cfg, q_outer=True)
+    outs = ["dq"]
+    out_shape = [jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, d), jnp.float32)]
+    out_specs = [pl.BlockSpec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0))]
+    nbp = max(cfg.num_buckets_pad, 1)
+    if cfg.has_rel:
+        outs.append("dtab")
+        out_shape.append(jax.ShapeDtypeStruct((batch, heads, cfg.nq, 1, nbp), jnp.float32))
+        out_specs.append(pl.BlockSpec((None, None, None, 1, nbp),
+                                      lambda b, h, i, j: (b, h, i, 0, 0)))
+    if cfg.has_bias:
+        outs.append("dbias")
+        out_shape.append(
+            jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32))
+        out_specs.append(pl.BlockSpec((None, None, bq, bk), lambda b, h, i, j: (b, h, i, j)))
+    res = _call(
+        cfg,
+        functools.partial(_dq_kernel, cfg=cfg, names=names, outs=outs),
+        out_shape=tuple(out_shape),
+        grid=(batch, heads, cfg.nq, cfg.nk),
+        in_specs=[qspecs[n] for n in names],
+        out_specs=tuple(out_specs),
+        scratch_shapes=[pltpu.VMEM((bq, d), jnp.float32), pltpu.VMEM((1, nbp), jnp.float32)],
+        name="t5x_like_flash_bwd_dq_tpu",
+    )(*[args[n] for n in names])
+    res = dict(zip(outs, res, strict=True))
+    dtab = res["dtab"][:, :, :, 0, :] if cfg.has_rel else None
+    return (_to_head_major(res["dq"]), _to_head_major(dk), _to_head_major(dv), dtab,
+            res.get("dbias"))

@@ -1,0 +1,287 @@
+"""Flash attention (forward + backward Pallas kernels): T5 relative bias, prefix and packed masks.
+
+Entry point `flash_attention`, contract in DESIGN.md. This module validates arguments, pads
+lengths / head_dim / the bucket table to what the kernels need, picks a backend, and wires the
+kernels into `jax.custom_vjp`:
+
+- `backend='triton'`: `_flash_triton.py` (Pallas on Triton, GPU; CPU runs it with `interpret=True`).
+- `backend='mosaic_tpu'`: `_flash_tpu.py` (Pallas Mosaic TPU; CPU runs it in TPU interpret mode).
+- `backend='auto'`: triton on GPU and CPU, mosaic_tpu on TPU.
+
+Memory is O(length): the kernels keep only `[block_q, block_k]` tiles, and the residuals are q, k,
+v, o and the per-row logsumexp `[B, H, Lq]`. The only `[.., Lq, Lk]` arrays are the ones the
+caller brings: a dense `bias` and its gradient.
+
+Bias-gradient design. The T5 table gradient is `d_table[n, h] = sum over (b, q, k) with
+bucket(k - q) = n of dS[b, h, q, k]`. The dQ kernel (one program per (b, h, q block), looping over
+k blocks) already holds every dS tile of its row block, so it reduces each tile into a
+`[num_buckets]` register vector (one masked sum per bucket present in the tile; tiles farther
+than `max_distance` from the diagonal contain one bucket, so they cost one reduction) and writes
+it once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside gives
+`[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. The
+dense-bias gradient is dS itself, written tile by tile by the same kernel (and summed outside
+over broadcast batch/head dims).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like.kernels import _flash_triton
+from t5x_like.kernels._flash_common import FlashConfig
+
+BACKENDS = ("auto", "triton", "mosaic_tpu")
+MAX_HEAD_DIM = 256
+
+# Default (block_q, block_k, num_warps, num_stages) by GPU generation and head_dim. UNTUNED:
+# chosen from the usual FlashAttention-2 shapes, not yet measured here (no GPU in this task).
+_GPU_DEFAULTS = {
+    "hopper": {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)},
+    "ampere": {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 1)},
+    "other": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
+}
+_TPU_DEFAULTS = (128, 128)
+_INTERPRET_DEFAULTS = (64, 64)
+
+
+def _gpu_generation() -> str:
+    kind = jax.devices()[0].device_kind.lower()
+    if any(name in kind for name in ("h100", "h200", "h800", "gh200")):
+        return "hopper"
+    if any(name in kind for name in ("a100", "a800", "a10", "a40", "a30")):
+        return "ampere"
+    return "other"
+
+
+def default_block_sizes(head_dim: int, backend: str, platform: str) -> tuple[int, int, int, int]:
+    """(block_q, block_k, num_warps, num_stages) for a padded head_dim on a backend/platform."""
+    if backend == "mosaic_tpu":
+        return (*_TPU_DEFAULTS, 4, 2)
+    if platform != "gpu":
+        return (*_INTERPRET_DEFAULTS, 4, 2)
+    table = _GPU_DEFAULTS[_gpu_generation()]
+    return table[min(key for key in table if key >= head_dim)]
+
+
+def _pow2_at_least(n: int, floor: int) -> int:
+    return max(floor, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _validate(q, k, v, causal, q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias,
+              backend) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be [batch, length, heads, head_dim]; got ndim "
+                         f"{q.ndim}, {k.ndim}, {v.ndim}")
+    b, lq, h, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
+    if k.shape[0] != b:
+        raise ValueError(f"batch mismatch: q has {b}, k/v have {k.shape[0]}")
+    if k.shape[3] != d:
+        raise ValueError(f"head_dim mismatch: q has {d}, k/v have {k.shape[3]}")
+    hkv = k.shape[2]
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"num q heads ({h}) must be a multiple of num kv heads ({hkv})")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {d} out of range [1, {MAX_HEAD_DIM}]")
+    if lq == 0 or k.shape[1] == 0:
+        raise ValueError("sequence lengths must be positive")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dtype not in (jnp.bfloat16, jnp.float32):
+            raise ValueError(f"unsupported dtype for {name}: {x.dtype} (bfloat16 or float32)")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    lk = k.shape[1]
+    for name, seg, length in (("q_segment_ids", q_segment_ids, lq),
+                              ("kv_segment_ids", kv_segment_ids, lk)):
+        if seg is not None:
+            if seg.shape != (b, length):
+                raise ValueError(f"{name} must have shape {(b, length)}; got {seg.shape}")
+            if not jnp.issubdtype(seg.dtype, jnp.integer):
+                raise ValueError(f"{name} must be integer; got {seg.dtype}")
+    if prefix_mask is not None:
+        if not causal:
+            raise ValueError("prefix_mask needs causal=True (prefix = bidirectional part of a "
+                             "causal mask)")
+        if lq != lk:
+            raise ValueError(f"prefix_mask needs Lq == Lk; got {lq} vs {lk}")
+        if prefix_mask.shape != (b, lq):
+            raise ValueError(f"prefix_mask must have shape {(b, lq)}; got {prefix_mask.shape}")
+    if rel_bias is not None:
+        if rel_bias.ndim != 2 or rel_bias.shape[1] != h or rel_bias.shape[0] < 2:
+            raise ValueError(f"rel_bias must be [num_buckets >= 2, heads={h}]; got "
+                             f"{rel_bias.shape}")
+        if not jnp.issubdtype(rel_bias.dtype, jnp.floating):
+            raise ValueError(f"rel_bias must be floating; got {rel_bias.dtype}")
+    if bias is not None:
+        ok = (bias.ndim == 4 and bias.shape[0] in (1, b) and bias.shape[1] in (1, h)
+              and bias.shape[2:] == (lq, lk))
+        if not ok:
+            raise ValueError(f"bias must be [{b}|1, {h}|1, {lq}, {lk}]; got {bias.shape}")
+        if not jnp.issubdtype(bias.dtype, jnp.floating):
+            raise ValueError(f"bias must be floating; got {bias.dtype}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+
+
+def _complete_segments(q_seg, kv_seg, lq: int, lk: int):
+    """With one side's ids missing, only the given side's padding (id 0) is masked: encode that
+    as ones vs (ids != 0), so the kernels always see the two-sided rule."""
+    if q_seg is None and kv_seg is not None:
+        kv_seg = (kv_seg != 0).astype(jnp.int32)
+        q_seg = jnp.ones((kv_seg.shape[0], lq), jnp.int32)
+    elif kv_seg is None and q_seg is not None:
+        q_seg = (q_seg != 0).astype(jnp.int32)
+        kv_seg = jnp.ones((q_seg.shape[0], lk), jnp.int32)
+    return q_seg, kv_seg
+
+
+def flash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    prefix_mask: jax.Array | None = None,
+    rel_bias: jax.Array | None = None,
+    rel_bidirectional: bool = True,
+    rel_max_distance: int = 128,
+    bias: jax.Array | None = None,
+    sm_scale: float = 1.0,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    backend: str = "auto",
+    interpret: bool | None = None,
+) -> jax.Array:
+    """softmax(sm_scale·q kᵀ + T5 rel bias + bias, masked) v, computed blockwise.
+
+    Args:
+      q: [B, Lq, H, D]; k, v: [B, Lk, Hkv, D] with H % Hkv == 0 (GQA/MQA); bf16 or fp32.
+      causal: key k visible to query q only if k <= q (top-left aligned when Lq != Lk).
+      q_segment_ids, kv_segment_ids: [B, Lq], [B, Lk] ints; attention only within equal nonzero
+        ids, 0 = padding. Only one given: just that side's padding (id 0) is masked.
+      prefix_mask: [B, Lq] bool; prefix tokens attend to each other bidirectionally (causal=True).
+      rel_bias: [num_buckets, H] T5 table, bias = table[bucket(k - q)] per tile.
+      bias: dense additive [B|1, H|1, Lq, Lk].
+      block_q, block_k: tile sizes (powers of two >= 16); None = per-device defaults.
+    Returns:
+      [B, Lq, H, D] in q's dtype; fully-masked query rows are 0 (and get 0 gradients).
+    """
+    _validate(q, k, v, causal, q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias,
+              backend)
+    platform = jax.default_backend()
+    if backend == "auto":
+        backend = "mosaic_tpu" if platform == "tpu" else "triton"
+    if interpret is None:
+        interpret = platform != ("gpu" if backend == "triton" else "tpu")
+    b, lq, h, d = q.shape
+    lk, hkv = k.shape[1], k.shape[2]
+    dp = _pow2_at_least(d, 32)
+    dbq, dbk, warps, stages = default_block_sizes(dp, backend, platform)
+    bq = block_q or dbq
+    bk = block_k or dbk
+    for name, blk in (("block_q", bq), ("block_k", bk)):
+        if blk < 16 or blk & (blk - 1):
+            raise ValueError(f"{name} must be a power of two >= 16; got {blk}")
+    if block_q is None:
+        bq = min(bq, _pow2_at_least(lq, 16))
+    if block_k is None:
+        bk = min(bk, _pow2_at_least(lk, 16))
+    lq_pad, lk_pad = -(-lq // bq) * bq, -(-lk // bk) * bk
+
+    q_segment_ids, kv_segment_ids = _complete_segments(q_segment_ids, kv_segment_ids, lq, lk)
+    has_seg = q_segment_ids is not None
+    side = {}
+    if has_seg:
+        side["qseg"] = _pad_axis(q_segment_ids.astype(jnp.int32), 1, lq_pad)
+        side["kseg"] = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, lk_pad)
+    if prefix_mask is not None:
+        pm = prefix_mask.astype(jnp.int32)
+        side["pq"] = _pad_axis(pm, 1, lq_pad)
+        side["pk"] = _pad_axis(pm, 1, lk_pad)
+        positions = jnp.arange(1, lq + 1, dtype=jnp.int32)
+        side["plen"] = jnp.max(jnp.where(pm != 0, positions, 0), axis=1)
+    num_buckets = nb_pad = 0
+    if rel_bias is not None:
+        num_buckets = rel_bias.shape[0]
+        nb_pad = _pow2_at_least(num_buckets, 16)
+        side["tab"] = _pad_axis(rel_bias.T, 1, nb_pad)
+    if bias is not None:
+        side["bias"] = _pad_axis(_pad_axis(bias, 2, lq_pad), 3, lk_pad)
+
+    cfg = FlashConfig(
+        backend=backend, interpret=bool(interpret), causal=bool(causal), has_seg=has_seg,
+        has_prefix=prefix_mask is not None, has_rel=rel_bias is not None,
+        has_bias=bias is not None,
+        bias_batch=bias.shape[0] if bias is not None else 1,
+        bias_heads=bias.shape[1] if bias is not None else 1,
+        sm_scale=float(sm_scale), block_q=bq, block_k=bk, lq=lq, lk=lk, lq_pad=lq_pad,
+        lk_pad=lk_pad, head_dim_pad=dp, num_heads=h, group=h // hkv, num_buckets=num_buckets,
+        num_buckets_pad=nb_pad, rel_bidirectional=bool(rel_bidirectional),
+        rel_max_distance=int(rel_max_distance), kv_pad_mask=(lk_pad != lk) and not has_seg,
+        num_warps=warps, num_stages=stages,
+    )
+    qp = _pad_axis(_pad_axis(q, 1, lq_pad), 3, dp)
+    kp = _pad_axis(_pad_axis(k, 1, lk_pad), 3, dp)
+    vp = _pad_axis(_pad_axis(v, 1, lk_pad), 3, dp)
+    out = _flash_core(cfg, qp, kp, vp, side)
+    return out[:, :lq, :, :d]
+
+
+def _backend_module(cfg: FlashConfig):
+    if cfg.backend == "mosaic_tpu":
+        from t5x_like.kernels import _flash_tpu
+
+        return _flash_tpu
+    return _flash_triton
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash_core(cfg: FlashConfig, q, k, v, side: dict) -> jax.Array:
+    return _backend_module(cfg).forward(cfg, q, k, v, side)[0]
+
+
+def _flash_core_fwd(cfg: FlashConfig, q, k, v, side: dict):
+    o, lse = _backend_module(cfg).forward(cfg, q, k, v, side)
+    return o, (q, k, v, side, o, lse)
+
+
+def _flash_core_bwd(cfg: FlashConfig, res, do):
+    q, k, v, side, o, lse = res
+    dq, dk_h, dv_h, dtab, dbias = _backend_module(cfg).backward(cfg, q, k, v, side, o, lse, do)
+    b, lk_pad, h, dp = dk_h.shape
+    hkv = h // cfg.group
+    # dK/dV come per q head; the kv head's gradient is the sum over its group.
+    dk = dk_h.reshape(b, lk_pad, hkv, cfg.group, dp).sum(3).astype(k.dtype)
+    dv = dv_h.reshape(b, lk_pad, hkv, cfg.group, dp).sum(3).astype(v.dtype)
+    dside = {}
+    for name, x in side.items():
+        if name == "tab":
+            dside[name] = dtab.sum(axis=(0, 2)).astype(x.dtype)
+        elif name == "bias":
+            g = dbias
+            if cfg.bias_batch == 1:
+                g = g.sum(axis=0, keepdims=True)
+            if cfg.bias_heads == 1:
+                g = g.sum(axis=1, keepdims=True)
+            dside[name] = g.astype(x.dtype)
+        else:  # integer side inputs (segments, prefix) have no gradient
+            dside[name] = np.zeros(x.shape, dtype=jax.dtypes.float0)
+    return dq.astype(q.dtype), dk, dv, dside
+
+
+_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)

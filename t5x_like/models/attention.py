@@ -1,0 +1,347 @@
+"""The one attention entry point: masks and biases built once per stack, three implementations.
+
+A stack describes who may attend to whom with a `MaskSpec` (segment ids, causal flag, prefix
+mask, the T5 relative-bias table) built once by `make_mask_spec`; for the dense implementations
+the spec also carries the dense mask `[B, 1, Lq, Lk]` and bias `[B|1, H, Lq, Lk]`, computed once
+and shared by every layer. `attend(q, k, v, spec, impl=...)` then dispatches:
+
+- `xla`: einsum reference with an fp32 softmax (and attention-probability dropout);
+- `cudnn`: `jax.nn.dot_product_attention` (cuDNN flash attention on GPU, XLA elsewhere);
+- `pallas`: `t5x_like.kernels.flash_attention`, fed the small inputs (segment ids, prefix mask,
+  bias table), never dense masks.
+
+Allowed(q, k) = kv segment != 0 AND same segment (when query segments are given)
+AND (not causal OR k_index <= q_index OR (prefix[q] AND prefix[k])).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from t5x_like.models.config import TransformerConfig
+from t5x_like.models.layers import (
+    BATCH_LENGTH_EMBED,
+    Dense,
+    apply_rope,
+    attention_kernel_init,
+    constrain,
+    relative_bias,
+)
+
+NEG_INF = -1e10
+HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+
+
+@flax.struct.dataclass
+class MaskSpec:
+    """Who may attend to whom, for one stack.
+
+    Arrays: `q_segment_ids [B, Lq]`, `kv_segment_ids [B, Lk]` (0 = padding), `prefix_mask
+    [B, Lq]` bool, `q_index [B|1, Lq]`, `k_index [B|1, Lk]` (absolute positions, used by the
+    causal rule and the relative bias), `rel_table [heads, buckets]`; `dense_mask
+    [B, 1, Lq, Lk]` and `dense_bias [B|1, heads, Lq, Lk]` are filled for the dense impls.
+    """
+
+    q_segment_ids: jax.Array | None
+    kv_segment_ids: jax.Array | None
+    prefix_mask: jax.Array | None
+    q_index: jax.Array
+    k_index: jax.Array
+    rel_table: jax.Array | None
+    dense_mask: jax.Array | None = None
+    dense_bias: jax.Array | None = None
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+    rel_bidirectional: bool = flax.struct.field(pytree_node=False, default=True)
+    rel_max_distance: int = flax.struct.field(pytree_node=False, default=128)
+    is_aligned: bool = flax.struct.field(pytree_node=False, default=True)
+
+
+def make_mask_spec(
+    *,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+    causal: bool = False,
+    prefix_mask: jax.Array | None = None,
+    q_index: jax.Array | None = None,
+    k_index: jax.Array | None = None,
+    q_length: int | None = None,
+    kv_length: int | None = None,
+    rel_table: jax.Array | None = None,
+    rel_bidirectional: bool = True,
+    rel_max_distance: int = 128,
+    impl: str = "xla",
+) -> MaskSpec:
+    """Builds the spec for one stack; dense mask/bias are materialised unless `impl='pallas'`.
+
+    Without `q_index`/`k_index` the queries and keys are positions `0..L-1` of the same
+    sequence (`is_aligned`), which is what the flash kernel assumes; decoding passes the cache
+    index as `q_index`.
+    """
+    is_aligned = q_index is None and k_index is None
+    if q_index is None:
+        lq = q_length if q_length is not None else q_segment_ids.shape[1]
+        q_index = jnp.arange(lq, dtype=jnp.int32)[None]
+    if k_index is None:
+        lk = kv_length if kv_length is not None else kv_segment_ids.shape[1]
+        k_index = jnp.arange(lk, dtype=jnp.int32)[None]
+    spec = MaskSpec(
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        prefix_mask=prefix_mask,
+        q_index=q_index,
+        k_index=k_index,
+        rel_table=rel_table,
+        causal=causal,
+        rel_bidirectional=rel_bidirectional,
+        rel_max_distance=rel_max_distance,
+        is_aligned=is_aligned,
+    )
+    if impl == "pallas" and is_aligned:
+        return spec
+    return spec.replace(dense_mask=dense_mask(spec), dense_bias=dense_bias(spec))
+
+
+def dense_mask(spec: MaskSpec) -> jax.Array | None:
+    """Boolean `[B, 1, Lq, Lk]` (True = may attend), or None when everything is allowed."""
+    allowed = None
+
+    def conj(a, b):
+        return b if a is None else a & b
+
+    if spec.kv_segment_ids is not None:
+        kv = spec.kv_segment_ids[:, None, :]
+        allowed = kv != 0
+        if spec.q_segment_ids is not None:
+            allowed = allowed & (spec.q_segment_ids[:, :, None] == kv)
+    if spec.causal:
+        visible = spec.k_index[:, None, :] <= spec.q_index[:, :, None]
+        if spec.prefix_mask is not None:
+            p = spec.prefix_mask.astype(bool)
+            visible = visible | (p[:, :, None] & p[:, None, :])
+        allowed = conj(allowed, visible)
+    return None if allowed is None else allowed[:, None]
+
+
+def dense_bias(spec: MaskSpec) -> jax.Array | None:
+    """T5 relative-position bias `[B|1, heads, Lq, Lk]` in fp32, or None."""
+    if spec.rel_table is None:
+        return None
+    return relative_bias(
+        spec.rel_table.astype(jnp.float32),
+        spec.q_index,
+        spec.k_index,
+        bidirectional=spec.rel_bidirectional,
+        max_distance=spec.rel_max_distance,
+    )
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    spec: MaskSpec,
+    *,
+    impl: str = "xla",
+    scale: float = 1.0,
+    float32_logits: bool = True,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
+    """softmax(scale · q kᵀ + bias, masked) v.
+
+    `q: [batch, q_length, heads, head_dim]`, `k, v: [batch, kv_length, kv_heads, head_dim]`
+    with heads % kv_heads == 0 (MHA/GQA/MQA). Returns `[batch, q_length, heads, head_dim]`.
+    Attention-probability dropout exists only in the XLA reference; a training step with
+    dropout therefore runs `xla` whatever `impl` says.
+    """
+    if dropout_rate > 0.0 and dropout_rng is not None and impl != "xla":
+        _warn_once(f"attention dropout is only in the xla implementation; {impl} -> xla")
+        impl = "xla"
+    if not spec.is_aligned:
+        impl = "xla"  # decoding one query against a cache: memory-bound, no kernel needed
+    if impl == "xla":
+        return _attend_xla(q, k, v, spec, scale, float32_logits, dropout_rate, dropout_rng)
+    if impl == "cudnn":
+        return _attend_cudnn(q, k, v, spec, scale)
+    if impl == "pallas":
+        return _attend_pallas(q, k, v, spec, scale)
+    raise ValueError(f"unknown attention impl {impl!r}")
+
+
+def _attend_xla(q, k, v, spec, scale, float32_logits, dropout_rate, dropout_rng):
+    b, lq, h, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, lq, hkv, h // hkv, d)
+    if float32_logits:
+        qg, k = qg.astype(jnp.float32), k.astype(jnp.float32)
+    logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k) * scale
+    logits = logits.reshape(b, h, lq, k.shape[1]).astype(jnp.float32)
+    if spec.dense_bias is not None:
+        logits = logits + spec.dense_bias
+    if spec.dense_mask is not None:
+        logits = jnp.where(spec.dense_mask, logits, NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if dropout_rate > 0.0 and dropout_rng is not None:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    probs = probs.astype(v.dtype).reshape(b, hkv, h // hkv, lq, k.shape[1])
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
+    return out.reshape(b, lq, h, d)
+
+
+def _attend_cudnn(q, k, v, spec, scale):
+    on_gpu = jax.default_backend() == "gpu"
+    low_precision = q.dtype in (jnp.bfloat16, jnp.float16)
+    bias = None if spec.dense_bias is None else spec.dense_bias.astype(q.dtype)
+    return jax.nn.dot_product_attention(
+        q,
+        k.astype(q.dtype),
+        v.astype(q.dtype),
+        bias=bias,
+        mask=spec.dense_mask,
+        scale=scale,
+        implementation="cudnn" if on_gpu and low_precision else None,
+    )
+
+
+def _attend_pallas(q, k, v, spec, scale):
+    from t5x_like.kernels.flash_attention import flash_attention
+
+    rel = None if spec.rel_table is None else spec.rel_table.T.astype(jnp.float32)
+    return flash_attention(
+        q,
+        k.astype(q.dtype),
+        v.astype(q.dtype),
+        causal=spec.causal,
+        q_segment_ids=spec.q_segment_ids,
+        kv_segment_ids=spec.kv_segment_ids,
+        prefix_mask=spec.prefix_mask,
+        rel_bias=rel,
+        rel_bidirectional=spec.rel_bidirectional,
+        rel_max_distance=spec.rel_max_distance,
+        sm_scale=scale,
+    )
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logging.getLogger(__name__).warning(message)
+
+
+class MultiHeadAttention(nn.Module):
+    """Projections around `attend`, T5X names `query`, `key`, `value`, `out`.
+
+    Kernels are stored 2-D (`[embed, heads * head_dim]`, logical axes `('embed', 'joined_kv')`)
+    as in T5X. With T5's relative bias the 1/sqrt(head_dim) logit scale is folded into the
+    query initialisation instead of being applied. `decode`: None (training/scoring),
+    `'prefill'` (attend over the inputs and write their K/V into a fresh cache of
+    `max_decode_length`) or `'step'` (one query per example at `spec.q_index`; self-attention
+    writes its K/V there and attends over the cache, cross-attention reads its cached K/V).
+    """
+
+    config: TransformerConfig
+    is_cross: bool = False
+    deterministic: bool = True
+    decode: str | None = None
+    max_decode_length: int | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x_q: jax.Array,
+        x_kv: jax.Array | None,
+        spec: MaskSpec,
+        positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """`x_q: [B, Lq, embed]`, `x_kv: [B, Lk, embed]` -> `[B, Lq, embed]`."""
+        cfg = self.config
+        h, hkv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        q = self._project(x_q, h, "query", self._query_init())
+        if self.is_cross and self.decode == "step":
+            k = self.get_variable("cache", "cached_key")
+            v = self.get_variable("cache", "cached_value")
+        else:
+            k = self._project(x_kv, hkv, "key", attention_kernel_init)
+            v = self._project(x_kv, hkv, "value", attention_kernel_init)
+        if cfg.position_encoding == "rope" and not self.is_cross:
+            q = apply_rope(q, positions, cfg)
+            k = apply_rope(k, positions, cfg)
+        if self.decode is not None:
+            k, v = self._update_cache(k, v, spec)
+        dropout_rng = None
+        if not self.deterministic and cfg.dropout_rate > 0.0:
+            dropout_rng = self.make_rng("dropout")
+        out = attend(
+            q,
+            k,
+            v,
+            spec,
+            impl=cfg.attention_impl,
+            scale=cfg.attention_scale,
+            float32_logits=cfg.float32_attention_logits,
+            dropout_rate=cfg.dropout_rate,
+            dropout_rng=dropout_rng,
+        )
+        out = constrain(out, HEAD_AXES).reshape(out.shape[0], out.shape[1], h * d)
+        out = Dense(
+            cfg.emb_dim,
+            ("joined_kv", "embed"),
+            cfg.activation_dtype,
+            cfg.parameter_dtype,
+            kernel_init=attention_kernel_init,
+            name="out",
+        )(out)
+        return constrain(out, BATCH_LENGTH_EMBED)
+
+    def _query_init(self):
+        if self.config.attention_scale != 1.0:
+            return attention_kernel_init
+        depth_scale = self.config.head_dim**-0.5
+        return lambda *args: attention_kernel_init(*args) * depth_scale
+
+    def _project(self, x: jax.Array, heads: int, name: str, init) -> jax.Array:
+        cfg = self.config
+        y = Dense(
+            heads * cfg.head_dim,
+            ("embed", "joined_kv"),
+            cfg.activation_dtype,
+            cfg.parameter_dtype,
+            kernel_init=init,
+            name=name,
+        )(x)
+        return constrain(y.reshape(*x.shape[:2], heads, cfg.head_dim), HEAD_AXES)
+
+    def _update_cache(self, k: jax.Array, v: jax.Array, spec: MaskSpec):
+        """Writes K/V into the 'cache' collection; returns the K/V to attend over."""
+        if self.is_cross:
+            if self.decode == "prefill":
+                self.put_variable("cache", "cached_key", k)
+                self.put_variable("cache", "cached_value", v)
+            return k, v
+        if self.decode == "prefill":
+            shape = (k.shape[0], self.max_decode_length, *k.shape[2:])
+            start = jnp.zeros((k.shape[0],), jnp.int32)
+            self.put_variable("cache", "cached_key", _write(jnp.zeros(shape, k.dtype), k, start))
+            self.put_variable("cache", "cached_value", _write(jnp.zeros(shape, v.dtype), v, start))
+            return k, v
+        index = spec.q_index[:, 0]
+        k_all = _write(self.get_variable("cache", "cached_key"), k, index)
+        v_all = _write(self.get_variable("cache", "cached_value"), v, index)
+        self.put_variable("cache", "cached_key", k_all)
+        self.put_variable("cache", "cached_value", v_all)
+        return k_all, v_all
+
+
+def _write(cache: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
+    """Per example b: `cache[b, start[b]:start[b]+l] = update[b]`; `cache: [B, L, H, D]`."""
+    write = lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0))
+    return jax.vmap(write)(cache, update, start)

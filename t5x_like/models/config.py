@@ -1,0 +1,112 @@
+"""`TransformerConfig`: one frozen dataclass describing every model family, bound by gin.
+
+Field names follow T5X's `network.T5Config` where T5X has the concept (`vocab_size`, `emb_dim`,
+`num_heads`, `head_dim`, `mlp_dim`, `mlp_activations`, ...); the rest are ours. The defaults are
+T5 v1.0 small as an encoder-decoder, so the library works without gin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import gin
+import jax.numpy as jnp
+
+FAMILIES = ("encoder_decoder", "decoder_only", "prefix_lm")
+POSITION_ENCODINGS = ("relative", "rope", "absolute", "none")
+NORMS = ("rmsnorm", "layernorm")
+ATTENTION_IMPLS = ("xla", "cudnn", "pallas")
+ROPE_SCALINGS = ("none", "linear", "yarn")
+REMAT_POLICIES = ("none", "full", "minimal", "dots")
+ACTIVATIONS = ("relu", "gelu", "silu", "linear")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of a Transformer of any family.
+
+    `mlp_activations` has one entry per input projection of the MLP: `('relu',)` is T5 v1.0's
+    MLP, `('gelu', 'linear')` GeGLU (T5 v1.1), `('silu', 'linear')` SwiGLU. `num_kv_heads`
+    None means multi-head attention; 1 is MQA; anything dividing `num_heads` is GQA.
+    """
+
+    # T5X names.
+    vocab_size: int = 32128
+    emb_dim: int = 512
+    num_heads: int = 8
+    num_kv_heads: int | None = None
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    head_dim: int = 64
+    mlp_dim: int = 2048
+    mlp_activations: tuple[str, ...] = ("relu",)
+    dropout_rate: float = 0.1
+    logits_via_embedding: bool = True
+    float32_attention_logits: bool = True
+    # Ours.
+    family: str = "encoder_decoder"
+    position_encoding: str = "relative"
+    norm: str = "rmsnorm"
+    layer_norm_epsilon: float = 1e-6
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    rope_base: float = 10_000.0
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_original_max_length: int = 2048
+    max_position_embeddings: int = 2048
+    attention_impl: str = "xla"
+    shared_encoder_decoder: bool = False
+    decoder_prefix_attention: bool = True
+    scan_layers: bool = False
+    remat_policy: str = "none"
+    z_loss: float = 1e-4
+    label_smoothing: float = 0.0
+    dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        _check_choice("family", self.family, FAMILIES)
+        _check_choice("position_encoding", self.position_encoding, POSITION_ENCODINGS)
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        for act in self.mlp_activations:
+            _check_choice("mlp_activations", act, ACTIVATIONS)
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
+        if self.shared_encoder_decoder and self.num_encoder_layers != self.num_decoder_layers:
+            raise ValueError("shared_encoder_decoder needs equal encoder and decoder layers")
+        if self.position_encoding == "rope" and self.head_dim % 2:
+            raise ValueError("RoPE needs an even head_dim")
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads (`num_kv_heads`, defaulting to `num_heads`)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def activation_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def parameter_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def attention_scale(self) -> float:
+        """Logit scale: 1 for T5's relative bias (folded into the query init), else 1/sqrt(d)."""
+        return 1.0 if self.position_encoding == "relative" else 1.0 / math.sqrt(self.head_dim)
+
+    def replace(self, **changes) -> TransformerConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{field}={value!r}; expected one of {choices}")

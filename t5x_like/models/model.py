@@ -1,0 +1,318 @@
+"""Model API shared by all families: init, logits, loss, score, FLOPs and decoding hooks.
+
+The trainer, evaluation and sweeps call only `BaseModel` methods, so they never branch on the
+architecture. Batches are the SeqIO feature-converter dicts of DESIGN.md.
+
+Decoding: the 'cache' collection holds, per decoder self-attention layer, `cached_key` /
+`cached_value` `[B, max_decode_length, kv_heads, head_dim]`; per cross-attention layer the
+encoder's K/V (computed once); and `cache_index [B]` (the next position of each example).
+`prefill` runs a prompt through the model once (prefix-LM prompts with their fully-visible
+prefix) and returns its logits and the cache; `decode_step` feeds one token per example.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+
+from t5x_like.models.config import TransformerConfig
+from t5x_like.models.transformer import DecoderOnly, EncoderDecoder
+
+Batch = Mapping[str, Any]
+Params = Any
+Cache = Any
+
+
+def cross_entropy_with_z_loss(
+    logits: jax.Array, targets: jax.Array, *, z_loss: float = 0.0, label_smoothing: float = 0.0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-token training loss, plain NLL and z-loss, each `[B, L]`.
+
+    With label smoothing the target distribution puts `1 - label_smoothing` on the target and
+    spreads the rest evenly; its entropy is subtracted so a perfect prediction scores 0.
+    z-loss = `z_loss * logsumexp(logits)^2` (PaLM/T5X), keeping the softmax normaliser near 1.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    log_probs = logits - log_z[..., None]
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    if label_smoothing > 0.0:
+        on, off = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+        smooth = -(on - off) * (-nll) - off * jnp.sum(log_probs, axis=-1)
+        entropy = -(on * jnp.log(on) + (vocab - 1) * off * jnp.log(off + 1e-20))
+        xent = smooth - entropy
+    else:
+        xent = nll
+    zl = z_loss * jnp.square(log_z)
+    return xent + zl, nll, zl
+
+
+class BaseModel:
+    """Family-independent API; subclasses map batches onto their Flax module."""
+
+    family: str
+
+    def __init__(self, config: TransformerConfig, module: nn.Module) -> None:
+        self.config = config
+        self.module = module
+        self.family = config.family
+
+    # Subclass hooks --------------------------------------------------------------------------
+    def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        raise NotImplementedError
+
+    def _prefill_apply(self, params, batch, max_decode_length):
+        raise NotImplementedError
+
+    def _targets_length(self, sequence_length: Mapping[str, int]) -> int:
+        raise NotImplementedError
+
+    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
+        raise NotImplementedError
+
+    # Shared API ------------------------------------------------------------------------------
+    def init_variables(self, rng: jax.Array, batch: Batch) -> dict:
+        """Boxed parameters `{'params': ...}` (logical axis metadata; use `nn.unbox` for arrays)."""
+        args, kwargs = self._module_inputs(batch)
+        variables = self.module.init({"params": rng, "dropout": rng}, *args, **kwargs)
+        return {"params": variables["params"]}
+
+    def logits(
+        self, params: Params, batch: Batch, dropout_rng: jax.Array | None = None
+    ) -> jax.Array:
+        """Teacher-forced fp32 logits `[B, L, vocab]`; dropout only with `dropout_rng`."""
+        args, kwargs = self._module_inputs(batch)
+        kwargs["deterministic"] = dropout_rng is None
+        rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+        return self.module.apply({"params": params}, *args, rngs=rngs, **kwargs)
+
+    def loss_fn(
+        self, params: Params, batch: Batch, dropout_rng: jax.Array | None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Per-token mean of weighted (smoothed) cross-entropy + z-loss over `decoder_loss_weights`.
+
+        Metrics: `loss`, `cross_entropy` (unsmoothed NLL), `z_loss`, `accuracy` — means per
+        weighted token — and `num_tokens`, the sum of the weights.
+        """
+        logits = self.logits(params, batch, dropout_rng)
+        targets = batch["decoder_target_tokens"]
+        weights = _weights(batch).astype(jnp.float32)
+        total, nll, zl = cross_entropy_with_z_loss(
+            logits,
+            targets,
+            z_loss=self.config.z_loss,
+            label_smoothing=self.config.label_smoothing,
+        )
+        num_tokens = jnp.sum(weights)
+        denom = jnp.maximum(num_tokens, 1.0)
+        loss = jnp.sum(total * weights) / denom
+        correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+        metrics = {
+            "loss": loss,
+            "cross_entropy": jnp.sum(nll * weights) / denom,
+            "z_loss": jnp.sum(zl * weights) / denom,
+            "accuracy": jnp.sum(correct * weights) / denom,
+            "num_tokens": num_tokens,
+        }
+        return loss, metrics
+
+    def score(self, params: Params, batch: Batch) -> jax.Array:
+        """Per-example log-likelihood of the weighted targets, `[B]`."""
+        logits = self.logits(params, batch)
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        token_ll = jnp.take_along_axis(log_probs, batch["decoder_target_tokens"][..., None], -1)
+        return jnp.sum(token_ll[..., 0] * _weights(batch), axis=-1)
+
+    def prefill(
+        self, params: Params, batch: Batch, max_decode_length: int
+    ) -> tuple[jax.Array, Cache]:
+        """Runs the prompt once; returns its logits `[B, P, vocab]` and the cache.
+
+        `batch['decoder_input_tokens'] [B, P]` is the prompt (right-padded; its true lengths in
+        the optional `batch['prompt_lengths'] [B]`, default P), plus `encoder_input_tokens`
+        for encoder-decoders and `decoder_causal_attention` for prefix LMs. The next
+        `decode_step` of example b writes position `prompt_lengths[b]`.
+        """
+        logits, variables = self._prefill_apply(params, batch, max_decode_length)
+        return logits, variables["cache"]
+
+    def init_cache(self, params: Params, batch: Batch, max_decode_length: int) -> Cache:
+        """Empty cache for decoding from position 0 (encoder-decoders: encodes the inputs)."""
+        size = next(iter(batch.values())).shape[0]
+        start = dict(batch)
+        start["decoder_input_tokens"] = jnp.zeros((size, 1), jnp.int32)
+        start["prompt_lengths"] = jnp.zeros((size,), jnp.int32)
+        start.pop("decoder_causal_attention", None)
+        return self.prefill(params, start, max_decode_length)[1]
+
+    def decode_step(
+        self, params: Params, cache: Cache, tokens: jax.Array
+    ) -> tuple[jax.Array, Cache]:
+        """Feeds `tokens [B]` at each example's `cache_index`; returns logits `[B, vocab]`."""
+        logits, variables = self.module.apply(
+            {"params": params, "cache": cache},
+            tokens[:, None],
+            decode="step",
+            mutable=["cache"],
+            **self._decode_method(),
+        )
+        return logits[:, 0], variables["cache"]
+
+    def _decode_method(self) -> dict:
+        return {}
+
+
+def _weights(batch: Batch) -> jax.Array:
+    if "decoder_loss_weights" in batch:
+        return batch["decoder_loss_weights"]
+    return (batch["decoder_target_tokens"] > 0).astype(jnp.int32)
+
+
+def _segments(batch: Batch, name: str, tokens: jax.Array) -> jax.Array:
+    """Packed `*_segment_ids`, else 1 on non-padding tokens (0 = padding)."""
+    if name in batch:
+        return jnp.asarray(batch[name], jnp.int32)
+    return (tokens > 0).astype(jnp.int32)
+
+
+class EncoderDecoderModel(BaseModel):
+    """T5 encoder-decoder (v1.0/v1.1, shared or not)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config, EncoderDecoder(config))
+
+    def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        targets = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
+        kwargs = dict(
+            encoder_segment_ids=_segments(batch, "encoder_segment_ids", enc),
+            decoder_segment_ids=_segments(batch, "decoder_segment_ids", targets),
+            encoder_positions=batch.get("encoder_positions"),
+            decoder_positions=batch.get("decoder_positions"),
+        )
+        return (enc, jnp.asarray(batch["decoder_input_tokens"], jnp.int32)), kwargs
+
+    def _prefill_apply(self, params, batch, max_decode_length):
+        enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        enc_seg = (enc > 0).astype(jnp.int32)
+
+        def run(module: EncoderDecoder):
+            encoded = module.encode(enc, enc_seg)
+            return module.decode(
+                jnp.asarray(batch["decoder_input_tokens"], jnp.int32),
+                encoded=encoded,
+                encoder_segment_ids=enc_seg,
+                decode="prefill",
+                max_decode_length=max_decode_length,
+                prompt_lengths=batch.get("prompt_lengths"),
+            )
+
+        return self.module.apply({"params": params}, method=run, mutable=["cache"])
+
+    def _decode_method(self) -> dict:
+        return {"method": EncoderDecoder.decode}
+
+    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
+        """Training FLOPs (forward + backward) for one `{'inputs': Li, 'targets': Lt}` example.
+
+        6·(params used)·(tokens) for every matmul — encoder layers on Li tokens, decoder layers
+        on Lt, cross-attention K/V projections on Li, the output layer on Lt — plus the
+        attention scores and mixing, 12·heads·head_dim·Lq·Lk per layer (full, unmasked
+        matrices: what the XLA path computes). Remat recomputation is not counted.
+        """
+        cfg = self.config
+        li, lt = sequence_length["inputs"], sequence_length["targets"]
+        q_out, kv, mlp = _layer_matmul_params(cfg)
+        hd = cfg.num_heads * cfg.head_dim
+        enc = cfg.num_encoder_layers * (6 * li * (q_out + kv + mlp) + 12 * hd * li * li)
+        dec_layer = 6 * lt * (2 * q_out + kv + mlp) + 6 * li * kv + 12 * hd * (lt * lt + lt * li)
+        out = 6 * lt * cfg.emb_dim * cfg.vocab_size
+        return float(enc + cfg.num_decoder_layers * dec_layer + out)
+
+
+class DecoderOnlyModel(BaseModel):
+    """Causal LM (`decoder_only`) and prefix LM (`prefix_lm`, fully-visible prefix)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config, DecoderOnly(config))
+
+    def _prefix(self, batch: Batch) -> jax.Array | None:
+        uses_prefix = self.family == "prefix_lm" and self.config.decoder_prefix_attention
+        if not uses_prefix or "decoder_causal_attention" not in batch:
+            return None
+        return jnp.asarray(batch["decoder_causal_attention"]) > 0
+
+    def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
+        targets = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
+        kwargs = dict(
+            segment_ids=_segments(batch, "decoder_segment_ids", targets),
+            positions=batch.get("decoder_positions"),
+            prefix_mask=self._prefix(batch),
+        )
+        return (jnp.asarray(batch["decoder_input_tokens"], jnp.int32),), kwargs
+
+    def _prefill_apply(self, params, batch, max_decode_length):
+        return self.module.apply(
+            {"params": params},
+            jnp.asarray(batch["decoder_input_tokens"], jnp.int32),
+            prefix_mask=self._prefix(batch),
+            decode="prefill",
+            max_decode_length=max_decode_length,
+            prompt_lengths=batch.get("prompt_lengths"),
+            mutable=["cache"],
+        )
+
+    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
+        """Training FLOPs for one sequence of L = inputs + targets tokens (PaLM appendix B):
+        6·N·L for the layers' matmuls, 12·layers·heads·head_dim·L² for attention (full
+        matrices, as computed), 6·L·emb_dim·vocab for the output layer.
+        """
+        cfg = self.config
+        length = sequence_length.get("inputs", 0) + sequence_length["targets"]
+        q_out, kv, mlp = _layer_matmul_params(cfg)
+        hd = cfg.num_heads * cfg.head_dim
+        layer = 6 * length * (q_out + kv + mlp) + 12 * hd * length * length
+        return float(cfg.num_decoder_layers * layer + 6 * length * cfg.emb_dim * cfg.vocab_size)
+
+
+def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
+    """Matmul parameters of one layer: (query + out, key + value, MLP)."""
+    q_out = 2 * cfg.emb_dim * cfg.num_heads * cfg.head_dim
+    kv = 2 * cfg.emb_dim * cfg.kv_heads * cfg.head_dim
+    mlp = (len(cfg.mlp_activations) + 1) * cfg.emb_dim * cfg.mlp_dim
+    return q_out, kv, mlp
+
+
+def dummy_batch(config: TransformerConfig, batch_size: int = 1, length: int = 8) -> dict:
+    """A minimal all-ones batch of the family's features (for init and shape inference)."""
+    ones = jnp.ones((batch_size, length), jnp.int32)
+    batch = {"decoder_input_tokens": ones, "decoder_target_tokens": ones}
+    if config.family == "encoder_decoder":
+        batch["encoder_input_tokens"] = ones
+    if config.family == "prefix_lm":
+        batch["decoder_causal_attention"] = ones
+    return batch
+
+
+def parameter_count(config: TransformerConfig) -> int:
+    """Number of parameters, from `jax.eval_shape` (nothing is allocated)."""
+    model = make_model(config)
+    init = lambda rng: nn.unbox(model.init_variables(rng, dummy_batch(config))["params"])
+    shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
+    return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
+
+
+@gin.configurable
+def make_model(config: TransformerConfig | None = None) -> BaseModel:
+    """The model for `config.family` (default: `TransformerConfig()` with its gin bindings)."""
+    config = config if config is not None else TransformerConfig()
+    if config.family == "encoder_decoder":
+        return EncoderDecoderModel(config)
+    return DecoderOnlyModel(config)

@@ -1,0 +1,390 @@
+"""Transformer stacks: encoder, decoder, encoder-decoder (optionally shared), decoder-only.
+
+Pre-norm residual blocks as in T5: `x + dropout(sublayer(norm(x)))`, a final norm, dropout on
+the embeddings and the final output. Parameter names follow T5X's `examples/t5/network.py`:
+`token_embedder`, `encoder/layers_N/{pre_attention_layer_norm, attention, pre_mlp_layer_norm,
+mlp}`, `encoder/{relpos_bias, encoder_norm}`, `decoder/layers_N/{pre_self_attention_layer_norm,
+self_attention, pre_cross_attention_layer_norm, encoder_decoder_attention, pre_mlp_layer_norm,
+mlp}`, `decoder/{relpos_bias, decoder_norm, logits_dense}`. With `scan_layers` the layers are one
+module `layers` whose parameters have a leading `layers` axis.
+
+Shared encoder-decoder (Table 2's "Enc-dec, shared"): there is no `encoder` subtree. The
+encoder runs the decoder's `layers_N` without their cross-attention (so `self_attention`,
+`mlp` and their norms serve both stacks), with its own bidirectional `decoder/encoder_relpos_bias`
+and `decoder/encoder_norm`. Cross-attention and its norm exist once, used by the decoder pass.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_like.models.attention import MaskSpec, MultiHeadAttention, make_mask_spec
+from t5x_like.models.config import TransformerConfig
+from t5x_like.models.layers import (
+    BATCH_LENGTH_EMBED,
+    Dense,
+    Embed,
+    MlpBlock,
+    RelativePositionBias,
+    constrain,
+    default_kernel_init,
+    make_norm,
+    make_position_embedder,
+    make_token_embedder,
+)
+
+REMAT_POLICIES = {
+    "full": None,
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+}
+LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
+
+
+class EncoderLayer(nn.Module):
+    """Bidirectional self-attention then MLP. `x: [batch, length, embed]`."""
+
+    config: TransformerConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, spec: MaskSpec, positions: jax.Array):
+        cfg, det = self.config, self.deterministic
+        h = make_norm(cfg, "pre_attention_layer_norm")(x)
+        h = MultiHeadAttention(cfg, deterministic=det, name="attention")(h, h, spec, positions)
+        x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
+        h = make_norm(cfg, "pre_mlp_layer_norm")(x)
+        h = MlpBlock(cfg, name="mlp")(h, det)
+        x = constrain(x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det), BATCH_LENGTH_EMBED)
+        return (x, None) if cfg.scan_layers else x
+
+
+class DecoderLayer(nn.Module):
+    """Self-attention, cross-attention (skipped when `cross_spec` is None), MLP."""
+
+    config: TransformerConfig
+    deterministic: bool = True
+    decode: str | None = None
+    max_decode_length: int | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        self_spec: MaskSpec,
+        cross_spec: MaskSpec | None,
+        encoded: jax.Array | None,
+        positions: jax.Array,
+    ):
+        cfg, det = self.config, self.deterministic
+        attn = dict(deterministic=det, decode=self.decode, max_decode_length=self.max_decode_length)
+        h = make_norm(cfg, "pre_self_attention_layer_norm")(x)
+        h = MultiHeadAttention(cfg, name="self_attention", **attn)(h, h, self_spec, positions)
+        x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
+        if cross_spec is not None:
+            h = make_norm(cfg, "pre_cross_attention_layer_norm")(x)
+            h = MultiHeadAttention(cfg, is_cross=True, name="encoder_decoder_attention", **attn)(
+                h, encoded, cross_spec
+            )
+            x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
+        h = make_norm(cfg, "pre_mlp_layer_norm")(x)
+        h = MlpBlock(cfg, name="mlp")(h, det)
+        x = constrain(x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det), BATCH_LENGTH_EMBED)
+        return (x, None) if cfg.scan_layers else x
+
+
+def run_layers(
+    parent_cls: type[nn.Module], config: TransformerConfig, num_layers: int, x, *args, **attrs
+) -> jax.Array:
+    """Applies `num_layers` layers (named `layers_N`, or one scanned `layers`) with remat."""
+    cls = parent_cls
+    if config.remat_policy != "none":
+        cls = nn.remat(
+            cls, policy=REMAT_POLICIES[config.remat_policy], prevent_cse=not config.scan_layers
+        )
+    if not config.scan_layers:
+        for i in range(num_layers):
+            x = cls(config, name=f"layers_{i}", **attrs)(x, *args)
+        return x
+    scanned = nn.scan(
+        cls,
+        variable_axes={"params": 0, "cache": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * len(args),
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    x, _ = scanned(config, name="layers", **attrs)(x, *args)
+    return x
+
+
+def _embed(
+    module: nn.Module,
+    embedder: Embed,
+    tokens: jax.Array,
+    positions: jax.Array,
+    deterministic: bool,
+) -> jax.Array:
+    """Token (+ learned absolute position) embeddings with dropout: `[B, L] -> [B, L, embed]`."""
+    cfg = module.config
+    x = embedder(tokens)
+    if cfg.position_encoding == "absolute":
+        x = x + make_position_embedder(cfg)(positions)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return constrain(x.astype(cfg.activation_dtype), BATCH_LENGTH_EMBED)
+
+
+def _default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
+    if positions is not None:
+        return positions
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Encoder(nn.Module):
+    """`tokens [B, Li]` -> `encoded [B, Li, embed]` with bidirectional (packed) attention."""
+
+    config: TransformerConfig
+    shared_embedding: Embed
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: jax.Array,
+        segment_ids: jax.Array,
+        positions: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        cfg = self.config
+        positions = _default_positions(tokens, positions)
+        x = _embed(self, self.shared_embedding, tokens, positions, deterministic)
+        spec = encoder_spec(cfg, segment_ids, RelativePositionBias(cfg, name="relpos_bias"))
+        x = run_layers(
+            EncoderLayer, cfg, cfg.num_encoder_layers, x, spec, positions,
+            deterministic=deterministic,
+        )  # fmt: skip
+        x = make_norm(cfg, "encoder_norm")(x)
+        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+def encoder_spec(config: TransformerConfig, segment_ids: jax.Array, relpos: nn.Module) -> MaskSpec:
+    """Fully-visible self-attention within each segment, bidirectional relative bias."""
+    table = relpos() if config.position_encoding == "relative" else None
+    return make_mask_spec(
+        q_segment_ids=segment_ids,
+        kv_segment_ids=segment_ids,
+        rel_table=table,
+        rel_bidirectional=True,
+        rel_max_distance=config.relative_attention_max_distance,
+        impl=config.attention_impl,
+    )
+
+
+class Decoder(nn.Module):
+    """Causal (or prefix-LM) decoder with optional cross-attention; returns fp32 logits.
+
+    `tokens: [B, L]` (shifted-right inputs) -> `[B, L, vocab]`. Without `shared_embedding` it
+    owns `token_embedder` (decoder-only). `decode` is None, `'prefill'` or `'step'` (see
+    `MultiHeadAttention`); the stack keeps `cache_index [B]` (next position per example) and,
+    with an encoder, `encoder_segment_ids [B, Li]` in the 'cache' collection. `as_encoder=True`
+    runs the shared encoder-decoder's encoder pass and returns `[B, L, embed]`.
+    """
+
+    config: TransformerConfig
+    shared_embedding: Embed | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        prefix_mask: jax.Array | None = None,
+        encoded: jax.Array | None = None,
+        encoder_segment_ids: jax.Array | None = None,
+        deterministic: bool = True,
+        decode: str | None = None,
+        max_decode_length: int | None = None,
+        prompt_lengths: jax.Array | None = None,
+        as_encoder: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        embedder = self.shared_embedding
+        if embedder is None:
+            embedder = make_token_embedder(cfg)
+        if as_encoder:
+            return self._encode(embedder, tokens, segment_ids, positions, deterministic)
+        relpos = RelativePositionBias(cfg, name="relpos_bias")
+        table = relpos() if cfg.position_encoding == "relative" else None
+        if decode == "step":
+            index = self.get_variable("cache", "cache_index")
+            positions = index[:, None]
+            self_spec, cross_spec = self._step_specs(index, table)
+            self.put_variable("cache", "cache_index", index + 1)
+        else:
+            self_spec = make_mask_spec(
+                q_segment_ids=segment_ids,
+                kv_segment_ids=segment_ids,
+                causal=True,
+                prefix_mask=prefix_mask,
+                q_length=tokens.shape[1],
+                kv_length=tokens.shape[1],
+                **self._rel_args(table),
+            )
+            cross_spec = None
+            if encoded is not None:
+                cross_spec = make_mask_spec(
+                    q_segment_ids=segment_ids,
+                    kv_segment_ids=encoder_segment_ids,
+                    q_length=tokens.shape[1],
+                    impl=cfg.attention_impl,
+                )
+            if decode == "prefill":
+                self._init_cache(tokens, encoder_segment_ids, max_decode_length, prompt_lengths)
+        positions = _default_positions(tokens, positions)
+        x = _embed(self, embedder, tokens, positions, deterministic)
+        x = run_layers(
+            DecoderLayer, cfg, cfg.num_decoder_layers, x, self_spec, cross_spec, encoded,
+            positions, deterministic=deterministic, decode=decode,
+            max_decode_length=max_decode_length,
+        )  # fmt: skip
+        x = make_norm(cfg, "decoder_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        return constrain(self._logits(embedder, x), LOGITS_AXES)
+
+    def _rel_args(self, table: jax.Array | None) -> dict:
+        cfg = self.config
+        return dict(
+            rel_table=table,
+            rel_bidirectional=False,
+            rel_max_distance=cfg.relative_attention_max_distance,
+            impl=cfg.attention_impl,
+        )
+
+    def _step_specs(self, index: jax.Array, table: jax.Array | None):
+        """One query per example at `index [B]` against the whole cache (and the encoder)."""
+        cache_length = self.get_variable("cache", "cache_length").shape[0]
+        self_spec = make_mask_spec(
+            q_segment_ids=None,
+            kv_segment_ids=None,
+            causal=True,
+            q_index=index[:, None],
+            k_index=jnp.arange(cache_length, dtype=jnp.int32)[None],
+            **self._rel_args(table),
+        )
+        cross_spec = None
+        if self.has_variable("cache", "encoder_segment_ids"):
+            enc_seg = self.get_variable("cache", "encoder_segment_ids")
+            cross_spec = make_mask_spec(q_segment_ids=None, kv_segment_ids=enc_seg, q_length=1)
+        return self_spec, cross_spec
+
+    def _init_cache(self, tokens, encoder_segment_ids, max_decode_length, prompt_lengths):
+        batch = tokens.shape[0]
+        if prompt_lengths is None:
+            prompt_lengths = jnp.full((batch,), tokens.shape[1], jnp.int32)
+        self.put_variable("cache", "cache_index", prompt_lengths.astype(jnp.int32))
+        # `[max_decode_length, 0]`: carries the cache length as a static shape, holds no data.
+        self.put_variable("cache", "cache_length", jnp.zeros((max_decode_length, 0), jnp.int32))
+        if encoder_segment_ids is not None:
+            self.put_variable("cache", "encoder_segment_ids", encoder_segment_ids)
+
+    def _logits(self, embedder: Embed, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        if cfg.logits_via_embedding:
+            logits = embedder.attend(x) / jnp.sqrt(jnp.asarray(cfg.emb_dim, x.dtype))
+        else:
+            logits = Dense(
+                cfg.vocab_size,
+                ("embed", "vocab"),
+                cfg.activation_dtype,
+                cfg.parameter_dtype,
+                kernel_init=default_kernel_init,
+                name="logits_dense",
+            )(x)
+        return logits.astype(jnp.float32)
+
+    def _encode(self, embedder, tokens, segment_ids, positions, deterministic):
+        cfg = self.config
+        positions = _default_positions(tokens, positions)
+        x = _embed(self, embedder, tokens, positions, deterministic)
+        spec = encoder_spec(cfg, segment_ids, RelativePositionBias(cfg, name="encoder_relpos_bias"))
+        x = run_layers(
+            DecoderLayer, cfg, cfg.num_encoder_layers, x, spec, None, None, positions,
+            deterministic=deterministic,
+        )  # fmt: skip
+        x = make_norm(cfg, "encoder_norm")(x)
+        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class EncoderDecoder(nn.Module):
+    """T5: `token_embedder` shared by `encoder` and `decoder` (or the shared stack)."""
+
+    config: TransformerConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.token_embedder = make_token_embedder(cfg)
+        if not cfg.shared_encoder_decoder:
+            self.encoder = Encoder(cfg, self.token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder)
+
+    def encode(
+        self,
+        encoder_input_tokens: jax.Array,
+        encoder_segment_ids: jax.Array,
+        encoder_positions: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """`[B, Li]` -> `[B, Li, embed]`."""
+        if self.config.shared_encoder_decoder:
+            return self.decoder(
+                encoder_input_tokens,
+                segment_ids=encoder_segment_ids,
+                positions=encoder_positions,
+                deterministic=deterministic,
+                as_encoder=True,
+            )
+        return self.encoder(
+            encoder_input_tokens, encoder_segment_ids, encoder_positions, deterministic
+        )
+
+    def decode(self, decoder_input_tokens: jax.Array, **kwargs) -> jax.Array:
+        """Decoder pass (`Decoder.__call__` keywords) -> logits `[B, Lt, vocab]`."""
+        return self.decoder(decoder_input_tokens, **kwargs)
+
+    def __call__(
+        self,
+        encoder_input_tokens: jax.Array,
+        decoder_input_tokens: jax.Array,
+        *,
+        encoder_segment_ids: jax.Array,
+        decoder_segment_ids: jax.Array,
+        encoder_positions: jax.Array | None = None,
+        decoder_positions: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Teacher-forced logits `[B, Lt, vocab]`."""
+        encoded = self.encode(
+            encoder_input_tokens, encoder_segment_ids, encoder_positions, deterministic
+        )
+        return self.decoder(
+            decoder_input_tokens,
+            segment_ids=decoder_segment_ids,
+            positions=decoder_positions,
+            encoded=encoded,
+            encoder_segment_ids=encoder_segment_ids,
+            deterministic=deterministic,
+        )
+
+
+class DecoderOnly(nn.Module):
+    """Decoder-only LM / prefix LM: everything under `decoder` (incl. its `token_embedder`)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, decoder_input_tokens: jax.Array, **kwargs) -> jax.Array:
+        """`[B, L]` -> logits `[B, L, vocab]`; keywords as `Decoder.__call__`."""
+        return Decoder(self.config, name="decoder")(decoder_input_tokens, **kwargs)

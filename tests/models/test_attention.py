@@ -1,0 +1,135 @@
+"""The attention entry point: mask semantics and agreement of the implementations."""
+
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_like.models import attention
+from t5x_like.models.attention import dense_mask, make_mask_spec
+
+
+def test_dense_mask_packed_prefix_lm():
+    seg = jnp.asarray([[1, 1, 1, 2, 2, 0]])
+    prefix = jnp.asarray([[1, 1, 0, 1, 0, 0]], bool)
+    spec = make_mask_spec(q_segment_ids=seg, kv_segment_ids=seg, causal=True, prefix_mask=prefix)
+    expected = np.array(
+        [
+            [1, 1, 0, 0, 0, 0],  # prefix token sees the whole prefix of its segment
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],  # target: causal
+            [0, 0, 0, 1, 0, 0],  # second segment starts: nothing from the first
+            [0, 0, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 0],  # padding sees nothing
+        ],
+        bool,
+    )
+    np.testing.assert_array_equal(dense_mask(spec)[0, 0], expected)
+
+
+def test_dense_mask_cross_attention_and_decode_index():
+    q_seg, kv_seg = jnp.asarray([[1, 2, 0]]), jnp.asarray([[1, 1, 2, 0]])
+    cross = make_mask_spec(q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+    np.testing.assert_array_equal(
+        dense_mask(cross)[0, 0], [[1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    )
+    step = make_mask_spec(
+        q_segment_ids=None,
+        kv_segment_ids=None,
+        causal=True,
+        q_index=jnp.asarray([[1], [3]]),
+        k_index=jnp.arange(5)[None],
+    )
+    np.testing.assert_array_equal(dense_mask(step)[:, 0, 0], [[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+
+
+def _inputs(seed, b=2, lq=12, lk=12, h=4, hkv=2, d=16):
+    """Random q, k, v and a relative-bias table (numpy: no compilation)."""
+    rng = np.random.RandomState(seed)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    return normal(b, lq, h, d), normal(b, lk, hkv, d), normal(b, lk, hkv, d), normal(h, 32)
+
+
+def _self_spec(impl, table, causal, prefix, length=12):
+    """Example 0: two packed segments and padding; example 1: one full segment."""
+    n = length - 5
+    seg = jnp.asarray([[1] * n + [2] * 4 + [0], [1] * length])
+    pm = jnp.asarray([[1] * 3 + [0] * (n - 3) + [1, 1, 0, 0, 0], [1] * 5 + [0] * n], bool)
+    return make_mask_spec(
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        causal=causal,
+        prefix_mask=pm if prefix else None,
+        rel_table=table,
+        rel_bidirectional=not causal,
+        impl=impl,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "causal", "prefix", "length", "rate"))
+def _self_attention(q, k, v, table, impl, causal, prefix, length=12, rate=0.0, rng=None):
+    """Spec + attention in one compiled program; also returns the spec."""
+    spec = _self_spec(impl, table, causal, prefix, length)
+    out = attention.attend(q, k, v, spec, impl=impl, scale=0.25, dropout_rate=rate, dropout_rng=rng)
+    return out, spec
+
+
+def _reference(q, k, v, spec, scale):
+    """Dense numpy softmax attention, heads repeated for GQA."""
+    rep = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * scale + np.asarray(spec.dense_bias)
+    logits = np.where(np.asarray(spec.dense_mask), logits, -1e10)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+@pytest.mark.parametrize("causal,prefix", [(False, False), (True, True)])
+def test_xla_and_cudnn_agree_with_reference(causal, prefix):
+    q, k, v, table = _inputs(0)
+    for impl in ("xla", "cudnn"):
+        out, spec = _self_attention(q, k, v, table, impl, causal, prefix)
+        ref = _reference(q, k, v, spec, 0.25)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=impl)
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _cross_attention(q, k, v, impl):
+    spec = make_mask_spec(
+        q_segment_ids=jnp.asarray([[1, 1, 2, 2, 0]] * 2),
+        kv_segment_ids=jnp.asarray([[1] * 4 + [2] * 3 + [0] * 2] * 2),
+    )
+    return attention.attend(q, k, v, spec, impl=impl)
+
+
+def test_cross_attention_mqa_agrees():
+    q, k, v, _ = _inputs(1, lq=5, lk=9, h=4, hkv=1)
+    xla, cudnn = _cross_attention(q, k, v, "xla"), _cross_attention(q, k, v, "cudnn")
+    np.testing.assert_allclose(xla, cudnn, rtol=2e-5, atol=2e-5)
+    # Query 2 (segment 2) only sees keys 4..6: its output is a convex mix of those values.
+    assert np.all(np.asarray(xla)[:, 2] <= v[:, 4:7].max(1) + 1e-5)
+
+
+def test_attention_dropout_only_in_training():
+    q, k, v, table = _inputs(2)
+    plain, _ = _self_attention(q, k, v, table, "xla", True, False)
+    rng = jax.random.key(0, impl="rbg")
+    dropped, _ = _self_attention(q, k, v, table, "xla", True, False, rate=0.5, rng=rng)
+    assert not np.allclose(plain, dropped)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("t5x_like.kernels.flash_attention") is None,
+    reason="flash-attention kernel not available",
+)
+def test_pallas_agrees_with_xla():
+    q, k, v, table = _inputs(3, lq=16, lk=16)
+    xla, _ = _self_attention(q, k, v, table, "xla", True, True, 16)
+    out, spec = _self_attention(q, k, v, table, "pallas", True, True, 16)
+    assert spec.dense_mask is None and spec.dense_bias is None  # small inputs only
+    valid = np.asarray(spec.q_segment_ids) != 0  # fully masked (padding) rows are unspecified
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(xla)[valid], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,132 @@
+"""Model API: loss/metrics, score, parameter counts, analytic FLOPs vs XLA, and overfitting."""
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from t5x_like.models import (
+    TransformerConfig,
+    cross_entropy_with_z_loss,
+    make_model,
+    parameter_count,
+)
+from tests.models.test_families import make_batch, setup
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings():
+    """`TransformerConfig` is gin-configurable: bindings left by other tests must not leak in."""
+    gin.clear_config()
+
+
+def test_cross_entropy_label_smoothing_and_z_loss():
+    logits = np.random.RandomState(0).normal(size=(2, 3, 7)).astype(np.float32) * 3
+    targets = np.asarray([[1, 2, 3], [4, 5, 6]])
+    xent = jax.jit(cross_entropy_with_z_loss, static_argnames=("z_loss", "label_smoothing"))
+    total, nll, zl = xent(logits, targets, z_loss=1e-2, label_smoothing=0.1)
+    log_z = np.log(np.exp(logits).sum(-1))
+    log_probs = logits - log_z[..., None]
+    np.testing.assert_allclose(nll, -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0],
+                               rtol=1e-5)  # fmt: skip
+    one_hot = np.eye(7)[targets]
+    soft = one_hot * 0.9 + (1 - one_hot) * 0.1 / 6
+    entropy = -np.sum(soft[0, 0] * np.log(soft[0, 0]))
+    expected = -np.sum(soft * log_probs, -1) - entropy + 1e-2 * log_z**2
+    np.testing.assert_allclose(total, expected, rtol=1e-5)
+    np.testing.assert_allclose(zl, 1e-2 * log_z**2, rtol=1e-5)
+    # A confident correct prediction costs ~0 even with smoothing (the entropy is subtracted).
+    perfect = np.log(soft).astype(np.float32)
+    assert np.abs(xent(perfect, targets, z_loss=0.0, label_smoothing=0.1)[0]).max() < 1e-4
+
+
+def test_loss_is_a_per_token_mean_over_weights_and_score_sums_log_likelihood():
+    _, model, _, params, logits_fn = setup("t5_v1_1")
+    batch = make_batch(model.config, seed=9, packed=True)
+    batch["decoder_loss_weights"][1, -2:] = 0  # two unweighted tokens
+    loss, metrics = jax.jit(model.loss_fn)(params, batch, None)
+    log_probs = np.asarray(jax.nn.log_softmax(logits_fn(params, batch)))
+    ll = np.take_along_axis(log_probs, batch["decoder_target_tokens"][..., None], -1)[..., 0]
+    w = batch["decoder_loss_weights"]
+    assert float(metrics["num_tokens"]) == w.sum()
+    np.testing.assert_allclose(metrics["cross_entropy"], -(ll * w).sum() / w.sum(), rtol=1e-5)
+    np.testing.assert_allclose(loss, metrics["cross_entropy"] + metrics["z_loss"], rtol=1e-5)
+    assert 0.0 <= float(metrics["accuracy"]) <= 1.0 and float(metrics["z_loss"]) > 0
+    np.testing.assert_allclose(jax.jit(model.score)(params, batch), (ll * w).sum(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("size,published", [("small", 60e6), ("base", 220e6)])
+def test_t5_v1_0_parameter_counts_match_the_paper(size, published):
+    dims = {"small": (512, 8, 2048, 6), "base": (768, 12, 3072, 12)}[size]
+    d, h, f, n = dims
+    cfg = TransformerConfig(
+        emb_dim=d, num_heads=h, mlp_dim=f, num_encoder_layers=n, num_decoder_layers=n
+    )
+    count = parameter_count(cfg)
+    assert abs(count - published) / published < 0.02
+    # Embedding 32128 x d, per encoder layer 4d^2 + 2 d f, decoder layer adds cross-attention.
+    enc, dec = n * (4 * d * d + 2 * d * f + 2 * d), n * (8 * d * d + 2 * d * f + 3 * d)
+    assert count == 32128 * d + enc + dec + 2 * d + 2 * 32 * h
+
+
+FLOP_BASE = dict(vocab_size=256, emb_dim=128, num_heads=4, head_dim=32, mlp_dim=512,
+                 num_encoder_layers=1, num_decoder_layers=2, dtype="float32",
+                 dropout_rate=0.0)  # fmt: skip
+FLOP_CASES = {
+    "encoder_decoder_geglu": (
+        dict(mlp_activations=("gelu", "linear"), logits_via_embedding=False),
+        {"inputs": 64, "targets": 32},
+    ),
+    "decoder_only_gqa_rope": (
+        dict(family="decoder_only", num_kv_heads=2, position_encoding="rope"),
+        {"targets": 96},
+    ),
+    "prefix_lm": (dict(family="prefix_lm"), {"inputs": 64, "targets": 32}),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOP_CASES))
+def test_flops_per_sequence_matches_xla_cost_analysis(case):
+    overrides, lengths = FLOP_CASES[case]
+    cfg = TransformerConfig(**{**FLOP_BASE, **overrides})
+    model = make_model(cfg)
+    rng = np.random.RandomState(0)
+    total = lengths.get("inputs", 0) + lengths["targets"]
+    tokens = lambda n: jnp.asarray(rng.randint(3, cfg.vocab_size, (1, n)), jnp.int32)
+    if cfg.family == "encoder_decoder":
+        batch = {"encoder_input_tokens": tokens(lengths["inputs"])}
+        batch.update(decoder_input_tokens=tokens(lengths["targets"]),
+                     decoder_target_tokens=tokens(lengths["targets"]))  # fmt: skip
+    else:
+        batch = {"decoder_input_tokens": tokens(total), "decoder_target_tokens": tokens(total)}
+        prefix = (jnp.arange(total) <= lengths.get("inputs", -1))[None]
+        batch["decoder_causal_attention"] = prefix.astype(jnp.int32)
+    params = jax.eval_shape(
+        lambda: nn.unbox(model.init_variables(jax.random.PRNGKey(0), batch)["params"])
+    )
+    grad = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))
+    cost = grad.lower(params).compile().cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    assert model.flops_per_sequence(lengths) == pytest.approx(xla, rel=0.05)
+
+
+def test_tiny_model_overfits_a_fixed_batch():
+    _, model, _, params, _ = setup("t5_v1_1")  # 2+2 layers, d_model 32, vocab 64
+    batch = make_batch(model.config, seed=10, packed=True)
+    optimizer = optax.adam(1e-2)
+
+    @jax.jit
+    def train_step(params, opt_state):
+        (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch, None)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = optimizer.init(params)
+    losses = []
+    for _ in range(100):
+        params, opt_state, loss = train_step(params, opt_state)
+        losses.append(float(loss))
+    assert losses[0] > 3.5 and losses[-1] < 0.1 * losses[0]
