@@ -1,0 +1,285 @@
+"""Checkpoints with orbax: async saves every N steps, keep the last K, sharded (re-mesh) restore.
+
+Layout under ``model_dir``::
+
+    checkpoints/<step>/state/   train state {'step', 'params', 'opt_state'} (orbax, sharded)
+    checkpoints/<step>/data/    JSON: batches consumed by the train iterator
+    data_state/<step>/process_<k>/   tf.data iterator checkpoint of process k (when supported)
+
+Orbax writes each step into a temporary directory and renames it when complete, so a save cut
+short by a kill leaves only a temporary directory that ``latest_step`` never reports. The per
+process tf.data state is written before the orbax save starts and is only read for steps orbax
+reports as complete; stale ones are pruned.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_SUBDIR = "checkpoints"
+DATA_STATE_SUBDIR = "data_state"
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's parameter tree does not match the model being trained."""
+
+
+def _path_str(path: tuple[Any, ...]) -> str:
+    parts = []
+    for p in path:
+        key = getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))
+        parts.append(str(key))
+    return "/".join(parts)
+
+
+def _flat_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    out = {}
+    for path, leaf in flat:
+        shape = tuple(getattr(leaf, "shape", ()) or ())
+        dtype = str(getattr(leaf, "dtype", ""))
+        out[_path_str(path)] = (shape, dtype)
+    return out
+
+
+def compare_trees(expected: Any, found: Any, *, what: str, limit: int = 20) -> None:
+    """Raise CheckpointMismatchError listing paths whose shapes differ, are missing or extra."""
+    exp, got = _flat_shapes(expected), _flat_shapes(found)
+    problems = []
+    for key in sorted(exp.keys() | got.keys()):
+        if key not in got:
+            problems.append(f"  {key}: missing from checkpoint (model expects {exp[key][0]})")
+        elif key not in exp:
+            problems.append(f"  {key}: in checkpoint {got[key][0]} but not in the model")
+        elif exp[key][0] != got[key][0]:
+            problems.append(f"  {key}: checkpoint shape {got[key][0]} != model shape {exp[key][0]}")
+    if problems:
+        shown = problems[:limit] + ([f"  ... and {len(problems) - limit} more"]
+                                    if len(problems) > limit else [])
+        raise CheckpointMismatchError(
+            f"{what} does not match the model config ({len(problems)} mismatching "
+            "parameters):\n" + "\n".join(shown)
+        )
+
+
+def _metadata_tree(meta: Any) -> Any:
+    """The plain tree of an orbax item metadata object."""
+    meta = getattr(meta, "item_metadata", meta)  # StepMetadata (checkpointer.metadata)
+    return getattr(meta, "tree", meta)
+
+
+class Checkpointer:
+    """Wraps an orbax CheckpointManager for the train state plus data-iterator state."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        save_interval_steps: int,
+        keep: int | None,
+        async_save: bool = True,
+    ) -> None:
+        self.model_dir = os.path.abspath(model_dir)
+        self.directory = os.path.join(self.model_dir, CHECKPOINT_SUBDIR)
+        self.data_dir = os.path.join(self.model_dir, DATA_STATE_SUBDIR)
+        self.save_interval_steps = max(int(save_interval_steps), 1)
+        self._last_saved: int | None = None
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=1,
+            max_to_keep=keep,
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save,
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "data": ocp.JsonCheckpointHandler(),
+            },
+        )
+        self.prune_data_states(startup=True)
+
+    @property
+    def last_saved(self) -> int | None:
+        """The step of the last save this process started (complete or still in flight)."""
+        return self._last_saved
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step (half-written ones are never reported)."""
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Steps of all complete checkpoints."""
+        return list(self.manager.all_steps())
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``step`` is a multiple of the save interval."""
+        return step > 0 and step % self.save_interval_steps == 0
+
+    def save(
+        self, step: int, state: Any, data_state: Mapping[str, Any], *, force: bool = False
+    ) -> bool:
+        """Start an (async) save of ``state`` and the JSON ``data_state``; returns if saved."""
+        if not force and not self.should_save(step):
+            return False
+        if step == self._last_saved or step in self.manager.all_steps():
+            return False
+        self._last_saved = step
+        saved = self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state))
+            ),
+            force=True,
+        )
+        return bool(saved)
+
+    def wait(self) -> None:
+        """Block until pending async saves are complete, then prune stale data states."""
+        self.manager.wait_until_finished()
+        self.prune_data_states()
+
+    def data_state_path(self, step: int, process_index: int | None = None) -> str:
+        """Where process ``process_index``'s tf.data iterator state for ``step`` lives."""
+        k = jax.process_index() if process_index is None else process_index
+        return os.path.join(self.data_dir, str(step), f"process_{k}")
+
+    def prune_data_states(self, *, startup: bool = False) -> None:
+        """Delete per-process data states whose orbax checkpoint is gone (or never completed).
+
+        At start-up every such state is stale (left by a killed run); later, states newer than
+        the latest complete checkpoint may belong to a save in flight and are kept.
+        """
+        if not os.path.isdir(self.data_dir):
+            return
+        keep = {str(s) for s in self.manager.all_steps()}
+        pending = self.manager.is_saving_in_progress()
+        latest_complete = max((int(s) for s in keep), default=-1)
+        for name in os.listdir(self.data_dir):
+            if name in keep:
+                continue
+            if not startup and (pending or (name.isdigit() and int(name) > latest_complete)):
+                continue  # may belong to a save still running / about to start
+            shutil.rmtree(
+                os.path.join(self.data_dir, name, f"process_{jax.process_index()}"),
+                ignore_errors=True,
+            )
+            try:
+                os.rmdir(os.path.join(self.data_dir, name))
+            except OSError:
+                pass
+
+    def state_metadata(self, step: int) -> Any:
+        """The saved train state's tree of array metadata (shapes, dtypes)."""
+        meta = self.manager.item_metadata(step)
+        return _metadata_tree(meta["state"])
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Restore ``step`` onto the shardings of ``abstract_state`` (ShapeDtypeStructs).
+
+        Raises CheckpointMismatchError naming each parameter whose shape differs.
+        """
+        saved = self.state_metadata(step)
+        compare_trees(
+            abstract_state.get("params"), saved.get("params"),
+            what=f"checkpoint {self.directory}/{step}",
+        )
+        compare_trees(
+            abstract_state, saved, what=f"checkpoint {self.directory}/{step} (optimizer state)"
+        )
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+            ),
+        )
+        return restored["state"], dict(restored["data"] or {})
+
+    def close(self) -> None:
+        """Finish pending saves and release the manager."""
+        self.wait()
+        self.manager.close()
+
+
+def _find_state_dir(path: str) -> str:
+    """Accepts a model dir, its checkpoints dir, a step dir or a state dir; returns state dir."""
+    path = os.path.abspath(path)
+    if os.path.isdir(os.path.join(path, CHECKPOINT_SUBDIR)):
+        path = os.path.join(path, CHECKPOINT_SUBDIR)
+    steps = [d for d in os.listdir(path) if d.isdigit()] if os.path.isdir(path) else []
+    if steps:
+        path = os.path.join(path, max(steps, key=int))
+    if os.path.isdir(os.path.join(path, "state")):
+        path = os.path.join(path, "state")
+    return path
+
+
+def load_params(path: str, abstract_params: Any) -> Any:
+    """Load a parameter tree for initialisation (fine-tuning) onto ``abstract_params``' shardings.
+
+    ``path``: one of our model dirs / checkpoint step dirs (params are taken from the train
+    state, the optimizer state is not read), an orbax/flax PyTree directory holding just a
+    param tree (e.g. converted by ``t5x_like.models.interop``), a ``.msgpack`` file written by
+    ``flax.serialization.msgpack_serialize`` or an ``.npz`` with '/'-joined parameter paths.
+    Shape mismatches raise CheckpointMismatchError naming the parameters.
+    """
+    if os.path.isfile(path):
+        tree = _load_file_params(path)
+        compare_trees(abstract_params, tree, what=f"parameters in {path}")
+        return jax.tree.map(
+            lambda a, x: jax.device_put(np.asarray(x, dtype=a.dtype), a.sharding),
+            abstract_params, tree,
+        )
+    state_dir = _find_state_dir(path)
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = _metadata_tree(checkpointer.metadata(state_dir))
+    has_wrapper = isinstance(meta, Mapping) and "params" in meta and "opt_state" in meta
+    found = meta["params"] if has_wrapper else meta
+    if isinstance(found, Mapping) and set(found) == {"params"}:
+        found, nested = found["params"], True
+    else:
+        nested = False
+    compare_trees(abstract_params, found, what=f"parameters in {state_dir}")
+    target: Any = {"params": abstract_params} if nested else abstract_params
+    if has_wrapper:
+        target = {"params": target}
+    restored = checkpointer.restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(
+            item=target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        ),
+    )
+    if has_wrapper:
+        restored = restored["params"]
+    return restored["params"] if nested else restored
+
+
+def _load_file_params(path: str) -> Any:
+    if path.endswith(".npz"):
+        with np.load(path) as npz:
+            tree: dict[str, Any] = {}
+            for key in npz.files:
+                node = tree
+                *parents, leaf = key.split("/")
+                for p in parents:
+                    node = node.setdefault(p, {})
+                node[leaf] = npz[key]
+        return tree
+    if path.endswith(".msgpack"):
+        from flax import serialization
+
+        with open(path, "rb") as f:
+            tree = serialization.msgpack_restore(f.read())
+        return tree["params"] if set(tree) == {"params"} else tree
+    raise ValueError(f"unsupported parameter file {path!r} (expected .npz or .msgpack)")

@@ -1,0 +1,128 @@
+"""Training metrics: peak FLOP/s per device kind, MFU, and writers (console, JSONL, TensorBoard).
+
+Only process 0 writes files. ``metrics.jsonl`` holds one JSON object per line:
+``{"step": int, "split": "train"|"eval", "time": unix seconds, <metric>: float, ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+#: Dense bf16 peak FLOP/s per chip, matched by substring of ``jax.Device.device_kind`` (lowercase).
+#: Order matters: more specific names first.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("h200", 989e12),
+    ("h100", 989e12),
+    ("gh200", 989e12),
+    ("a100", 312e12),
+    ("tpu v5 lite", 197e12),  # v5e
+    ("tpu v5e", 197e12),
+    ("tpu v5p", 459e12),
+    ("tpu v5", 459e12),  # v5p reports "TPU v5"
+    ("tpu v6 lite", 918e12),  # v6e (Trillium)
+    ("tpu v4", 275e12),
+)
+
+
+def peak_flops_per_device(device_kind: str) -> float | None:
+    """Peak dense bf16 FLOP/s for a device kind, or None when unknown (e.g. CPU)."""
+    kind = device_kind.lower()
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in kind:
+            return flops
+    return None
+
+
+def mfu(model_flops_per_second: float, num_devices: int, device_kind: str) -> float | None:
+    """Model FLOP utilisation over all devices; None when the device's peak is unknown."""
+    peak = peak_flops_per_device(device_kind)
+    if peak is None or num_devices <= 0:
+        return None
+    return model_flops_per_second / (peak * num_devices)
+
+
+def _fmt(value: float) -> str:
+    if value == 0 or math.isnan(value) or math.isinf(value):
+        return f"{value}"
+    if abs(value) >= 1e4 or abs(value) < 1e-3:
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:.1f}"
+
+
+class MetricsWriter:
+    """Writes metric dicts to the console, ``metrics.jsonl`` and TensorBoard (process 0 only)."""
+
+    def __init__(
+        self, model_dir: str, *, enabled: bool = True, tensorboard: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self._jsonl: TextIO | None = None
+        self._tb: Any = None
+        if not enabled:
+            return
+        os.makedirs(model_dir, exist_ok=True)
+        self._jsonl = open(os.path.join(model_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=model_dir, flush_secs=10)
+
+    def write(self, step: int, split: str, metrics: Mapping[str, float | None]) -> None:
+        """Record ``metrics`` at ``step`` (None values go to JSONL as null, skipped elsewhere)."""
+        if not self.enabled:
+            return
+        clean = {k: (None if v is None else float(v)) for k, v in metrics.items()}
+        assert self._jsonl is not None
+        row = {"step": int(step), "split": split, "time": time.time(), **clean}
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                if value is not None and math.isfinite(value):
+                    self._tb.add_scalar(f"{split}/{key}", value, int(step))
+
+    def console(self, line: str) -> None:
+        """Print one progress/status line (process 0 only)."""
+        if self.enabled:
+            print(line, file=self.stream, flush=True)
+
+    def progress(self, step: int, total: int, metrics: Mapping[str, float | None]) -> None:
+        """The console progress line: loss, lr, examples/s, tokens/s, FLOP/s and MFU."""
+        m = dict(metrics)
+        parts = [f"step {step}/{total}"]
+        for key in ("loss", "accuracy", "learning_rate", "grad_norm"):
+            if m.get(key) is not None:
+                parts.append(f"{key} {_fmt(m[key])}")
+        if m.get("examples_per_second") is not None:
+            parts.append(f"{m['examples_per_second']:.1f} ex/s")
+        if m.get("tokens_per_second") is not None:
+            parts.append(f"{_si(m['tokens_per_second'])} tok/s")
+        if m.get("model_flops_per_second") is not None:
+            parts.append(f"{_si(m['model_flops_per_second'])}FLOP/s")
+        mfu_value = m.get("mfu")
+        parts.append("MFU n/a" if mfu_value is None else f"MFU {100 * mfu_value:.1f}%")
+        self.console(" | ".join(parts))
+
+    def close(self) -> None:
+        """Flush and close files."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

@@ -1,0 +1,277 @@
+"""The one mesh/partitioning module: device mesh, logical axis rules, sharded init and jit.
+
+Mesh axes are always ``('data', 'fsdp', 'model')``. Logical axis names (DESIGN.md: parameter names
+``vocab, embed, mlp, heads, kv_heads, kv, joined_kv, relpos_buckets, layers`` and activation names
+``activation_*``) map onto mesh axes through T5X-style rules: an ordered list of
+``(logical_name, mesh_axes)`` pairs; the first rule whose mesh axes are still free for an array
+wins (flax's priority semantics). A dimension whose size is not divisible by its mesh axes is
+left unsharded rather than failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "model")
+BATCH_AXES: tuple[str, str] = ("data", "fsdp")
+
+LogicalRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+_ACTIVATIONS_DP: LogicalRules = (
+    ("activation_batch", BATCH_AXES),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_mlp", None),
+    ("activation_heads", None),
+    ("activation_kv", None),
+    ("activation_vocab", None),
+)
+_ACTIVATIONS_TP: LogicalRules = (
+    ("activation_batch", BATCH_AXES),
+    ("activation_mlp", "model"),
+    ("activation_heads", "model"),
+    ("activation_vocab", "model"),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_kv", None),
+)
+_PARAMS_TP: LogicalRules = (
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("kv_heads", "model"),
+    ("joined_kv", "model"),
+    ("vocab", "model"),
+    ("relpos_buckets", None),
+    ("kv", None),
+    ("layers", None),
+)
+
+#: Named presets. ``data_parallel``: params replicated, batch over data×fsdp. ``fsdp`` (ZeRO-3):
+#: params and optimizer state sharded over ``fsdp`` along ``embed`` (falling back to ``mlp`` /
+#: ``vocab`` / heads when ``embed`` is taken or indivisible). ``tensor_parallel`` (1-D,
+#: Megatron-style): heads/mlp/vocab over ``model``. ``tensor_parallel_2d``: as 1-D plus ``embed``
+#: over ``fsdp`` for params, so weights are split in both dimensions of each matmul.
+PRESETS: dict[str, LogicalRules] = {
+    "data_parallel": _ACTIVATIONS_DP,
+    "fsdp": _ACTIVATIONS_DP
+    + (
+        ("embed", "fsdp"),
+        ("mlp", "fsdp"),
+        ("vocab", "fsdp"),
+        ("joined_kv", "fsdp"),
+        ("heads", "fsdp"),
+    ),
+    "tensor_parallel": _ACTIVATIONS_TP + _PARAMS_TP + (("embed", None),),
+    "tensor_parallel_2d": _ACTIVATIONS_TP + _PARAMS_TP + (("embed", "fsdp"),),
+}
+
+
+@gin.configurable
+def logical_axis_rules(
+    preset: str = "fsdp", extra_rules: Sequence[tuple[str, Any]] = ()
+) -> LogicalRules:
+    """Rules for ``preset`` (see PRESETS); ``extra_rules`` take precedence over the preset."""
+    if preset not in PRESETS:
+        raise ValueError(f"logical_axis_rules.preset={preset!r}; choose one of {sorted(PRESETS)}")
+    extra = tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in extra_rules)
+    return extra + PRESETS[preset]
+
+
+def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, int, int]:
+    """Fills the (at most one) ``-1`` entry with the remaining devices; checks the product."""
+    shape = [int(s) for s in mesh_shape]
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(f"mesh_shape needs {len(MESH_AXES)} entries {MESH_AXES}, got {shape}")
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh_shape may contain at most one -1, got {shape}")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(f"mesh_shape {shape}: {num_devices} devices not divisible by {known}")
+        shape[shape.index(-1)] = num_devices // known
+    if math.prod(shape) != num_devices:
+        raise ValueError(f"mesh_shape {shape} uses {math.prod(shape)} devices, have {num_devices}")
+    return tuple(shape)  # type: ignore[return-value]
+
+
+@gin.configurable
+def create_mesh(
+    mesh_shape: Sequence[int] = (-1, 1, 1), devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+    """A ``('data', 'fsdp', 'model')`` mesh over all (global) devices; -1 fills the rest."""
+    devs = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(mesh_shape, len(devs))
+    if len({d.process_index for d in devs}) > 1:
+        # Process-major order: the outer mesh axes (data, then fsdp) span hosts, so the
+        # bandwidth-hungry inner axes (model) stay within a host.
+        arr = np.asarray(sorted(devs, key=lambda d: (d.process_index, d.id))).reshape(shape)
+    else:
+        try:
+            from jax.experimental import mesh_utils
+
+            arr = mesh_utils.create_device_mesh(shape, devices=devs)
+        except (ValueError, NotImplementedError, AssertionError):
+            arr = np.asarray(devs).reshape(shape)
+    return Mesh(arr, MESH_AXES)
+
+
+def _axes_size(mesh: Mesh, axes: str | tuple[str, ...] | None) -> int:
+    if axes is None:
+        return 1
+    names = (axes,) if isinstance(axes, str) else axes
+    return math.prod(mesh.shape[a] for a in names)
+
+
+def mesh_spec(
+    logical: PartitionSpec | Sequence[str | None] | None,
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: LogicalRules,
+) -> PartitionSpec:
+    """Mesh PartitionSpec for an array of ``shape`` with logical axis names ``logical``.
+
+    Mesh axes that do not divide their dimension (or are absent from the mesh) are dropped.
+    """
+    if logical is None or len(tuple(logical)) == 0:
+        return PartitionSpec()
+    spec = nn.logical_to_mesh_axes(tuple(logical), rules)
+    out: list[Any] = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=False):
+        if axes is None or any(a not in mesh.shape for a in _as_tuple(axes)):
+            out.append(None)
+        elif dim % _axes_size(mesh, axes) == 0 and _axes_size(mesh, axes) > 1:
+            out.append(axes)
+        else:
+            out.append(None)
+    return PartitionSpec(*out)
+
+
+def _as_tuple(axes: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, PartitionSpec)
+
+
+def param_shardings(
+    abstract_boxed: Any, mesh: Mesh, rules: LogicalRules
+) -> tuple[Any, Any]:
+    """(logical specs, NamedShardings) for a tree of boxed abstract params (from eval_shape)."""
+    logical = nn.get_partition_spec(abstract_boxed)
+    shapes = nn.unbox(abstract_boxed)
+    shardings = jax.tree.map(
+        lambda spec, a: NamedSharding(mesh, mesh_spec(spec, a.shape, mesh, rules)),
+        logical,
+        shapes,
+        is_leaf=_is_spec,
+    )
+    return logical, shardings
+
+
+def derived_state_shardings(
+    abstract_state: Any, abstract_params: Any, logical_params: Any, mesh: Mesh, rules: LogicalRules
+) -> Any:
+    """Shardings for optimizer state: every subtree shaped like the params inherits their axes.
+
+    Leaves with the parameter's shape take its logical axes; factored statistics (one dimension
+    reduced, as Adafactor's row/column second moments) drop the reduced dimension's axis;
+    anything else (counts, scalars) is replicated.
+    """
+    param_def = jax.tree.structure(abstract_params)
+    params_flat = jax.tree.leaves(abstract_params)
+    logical_flat = jax.tree.leaves(logical_params, is_leaf=_is_spec)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def is_param_like(x: Any) -> bool:
+        try:
+            return jax.tree.structure(x) == param_def and not _is_leaf_array(x)
+        except Exception:  # noqa: BLE001 - exotic nodes are simply not param-shaped
+            return False
+
+    def one(leaf: Any, param: Any, spec: PartitionSpec) -> NamedSharding:
+        names = tuple(spec) if spec is not None else (None,) * len(param.shape)
+        if tuple(leaf.shape) == tuple(param.shape):
+            return NamedSharding(mesh, mesh_spec(names, leaf.shape, mesh, rules))
+        if len(leaf.shape) == len(param.shape) - 1:
+            for drop in range(len(param.shape) - 1, -1, -1):
+                kept = tuple(param.shape[:drop]) + tuple(param.shape[drop + 1 :])
+                if kept == tuple(leaf.shape):
+                    sub = names[:drop] + names[drop + 1 :]
+                    return NamedSharding(mesh, mesh_spec(sub, leaf.shape, mesh, rules))
+        return replicated
+
+    def node(x: Any) -> Any:
+        if is_param_like(x):
+            flat = jax.tree.leaves(x)
+            return jax.tree.unflatten(
+                param_def,
+                [one(a, p, s) for a, p, s in zip(flat, params_flat, logical_flat, strict=True)],
+            )
+        return replicated
+
+    return jax.tree.map(node, abstract_state, is_leaf=is_param_like)
+
+
+def _is_leaf_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def batch_sharding(mesh: Mesh, rules: LogicalRules) -> NamedSharding:
+    """Sharding of a ``[batch, length]`` input array (batch over the rule for activation_batch)."""
+    spec = nn.logical_to_mesh_axes(("activation_batch", "activation_length"), rules)
+    return NamedSharding(mesh, spec)
+
+
+def batch_shard_count(mesh: Mesh, rules: LogicalRules) -> int:
+    """How many ways the global batch is split (must divide the global batch size)."""
+    spec = batch_sharding(mesh, rules).spec
+    return _axes_size(mesh, spec[0] if len(spec) else None)
+
+
+@contextlib.contextmanager
+def partitioning_context(mesh: Mesh, rules: LogicalRules) -> Iterator[None]:
+    """Mesh + logical rules active, so model activation constraints resolve during tracing."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        yield
+
+
+def jit_sharded(
+    fn: Callable[..., Any],
+    mesh: Mesh,
+    rules: LogicalRules,
+    in_shardings: Any,
+    out_shardings: Any,
+    donate_argnums: tuple[int, ...] = (),
+) -> Callable[..., Any]:
+    """``jax.jit`` with NamedShardings; traces and runs under the mesh and the logical rules."""
+    jitted = jax.jit(
+        fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
+    )
+
+    def call(*args: Any) -> Any:
+        with partitioning_context(mesh, rules):
+            return jitted(*args)
+
+    call.lower = lambda *args: _lower(jitted, mesh, rules, *args)  # type: ignore[attr-defined]
+    return call
+
+
+def _lower(jitted: Any, mesh: Mesh, rules: LogicalRules, *args: Any) -> Any:
+    with partitioning_context(mesh, rules):
+        return jitted.lower(*args)
+
+
+def describe(mesh: Mesh) -> str:
+    """One line: the mesh shape per axis and device kind."""
+    axes = ", ".join(f"{k}={v}" for k, v in mesh.shape.items())
+    return f"mesh({axes}) on {mesh.devices.size}x {mesh.devices.flat[0].device_kind}"

@@ -1,0 +1,252 @@
+"""The train state, its sharded creation, and the jitted train / eval step factories.
+
+The train state is a plain dict ``{'step': int32[], 'params': ..., 'opt_state': ...}`` (fp32
+params and optimizer state). Gradient accumulation loops over ``num_microbatches`` slices of the
+batch inside the jitted step (``lax.scan``); each microbatch's gradient is weighted by its share
+of the batch's loss tokens, so the update equals the full-batch one (the loss is a per-token mean).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5x_like.train import partitioning as P
+from t5x_like.train.optimizers import Optimizer
+
+NONFINITE_POLICIES = ("stop", "skip")
+#: Model metrics that are counts (summed over microbatches); all others are token-weighted means.
+_SUM_METRICS = ("num_tokens",)
+
+
+def dummy_batch(
+    family: str, sequence_length: Mapping[str, int], batch_size: int, packed: bool
+) -> dict[str, jax.Array]:
+    """A zero batch with the DESIGN.md feature names for ``family`` (used to build params)."""
+    z = lambda n: jnp.zeros((batch_size, n), jnp.int32)
+    if family == "encoder_decoder":
+        li, lt = sequence_length["inputs"], sequence_length["targets"]
+        batch = {"encoder_input_tokens": z(li)}
+        dec_len = lt
+        if packed:
+            batch.update(encoder_segment_ids=z(li), encoder_positions=z(li))
+    elif family in ("decoder_only", "prefix_lm"):
+        dec_len = sum(sequence_length.values())
+        batch = {}
+        if family == "prefix_lm":
+            batch["decoder_causal_attention"] = z(dec_len)
+    else:
+        raise ValueError(f"unknown model family {family!r}")
+    batch.update(
+        decoder_target_tokens=z(dec_len), decoder_input_tokens=z(dec_len),
+        decoder_loss_weights=z(dec_len),
+    )
+    if packed:
+        batch.update(decoder_segment_ids=z(dec_len), decoder_positions=z(dec_len))
+    return batch
+
+
+@dataclasses.dataclass
+class ShardedState:
+    """Abstract state (ShapeDtypeStructs with shardings) and the pieces needed to build it."""
+
+    abstract: Any
+    shardings: Any
+    logical_params: Any
+    init_fn: Callable[[jax.Array], Any]
+
+
+def plan_state(
+    model: Any,
+    optimizer: Optimizer,
+    init_batch: Mapping[str, jax.Array],
+    mesh: jax.sharding.Mesh,
+    rules: P.LogicalRules,
+) -> ShardedState:
+    """Shapes and shardings of the train state, without allocating it."""
+
+    def boxed_params(rng: jax.Array) -> Any:
+        return model.init_variables(rng, dict(init_batch))["params"]
+
+    with P.partitioning_context(mesh, rules):
+        abstract_boxed = jax.eval_shape(boxed_params, jax.random.key(0))
+    logical, param_sh = P.param_shardings(abstract_boxed, mesh, rules)
+    abstract_params = nn.unbox(abstract_boxed)
+    abstract_opt = jax.eval_shape(optimizer.tx.init, abstract_params)
+    opt_sh = P.derived_state_shardings(abstract_opt, abstract_params, logical, mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    shardings = {"step": replicated, "params": param_sh, "opt_state": opt_sh}
+    abstract_state = {
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
+        "params": abstract_params,
+        "opt_state": abstract_opt,
+    }
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
+    )
+
+    def init_fn(rng: jax.Array) -> Any:
+        params = nn.unbox(boxed_params(rng))
+        return {
+            "step": jnp.zeros((), jnp.int32),
+            "params": params,
+            "opt_state": optimizer.tx.init(params),
+        }
+
+    return ShardedState(abstract=abstract, shardings=shardings, logical_params=logical,
+                        init_fn=init_fn)
+
+
+def create_state(plan: ShardedState, rng: jax.Array, mesh: jax.sharding.Mesh,
+                 rules: P.LogicalRules) -> Any:
+    """Initialise the state directly into its shardings (no full copy on any one device)."""
+    init = P.jit_sharded(plan.init_fn, mesh, rules, in_shardings=None,
+                         out_shardings=plan.shardings)
+    return init(rng)
+
+
+def state_with_params(plan: ShardedState, params: Any, optimizer: Optimizer,
+                      mesh: jax.sharding.Mesh, rules: P.LogicalRules) -> Any:
+    """A step-0 state around given (e.g. pre-trained) params with a fresh optimizer state."""
+
+    def build(p: Any) -> Any:
+        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": optimizer.tx.init(p)}
+
+    fn = P.jit_sharded(build, mesh, rules, in_shardings=(plan.shardings["params"],),
+                       out_shardings=plan.shardings)
+    return fn(params)
+
+
+def _split_microbatches(batch: Mapping[str, jax.Array], n: int) -> dict[str, jax.Array]:
+    """[B, ...] -> [n, B/n, ...] with microbatch i = rows i, i+n, ... (spread over all shards)."""
+
+    def split(x: jax.Array) -> jax.Array:
+        if x.shape[0] % n:
+            raise ValueError(f"batch size {x.shape[0]} not divisible by num_microbatches={n}")
+        y = x.reshape(x.shape[0] // n, n, *x.shape[1:])
+        return jnp.swapaxes(y, 0, 1)
+
+    return {k: split(v) for k, v in batch.items()}
+
+
+def _combine(metrics: Mapping[str, jax.Array], weight: jax.Array) -> dict[str, jax.Array]:
+    return {
+        k: (jnp.asarray(v, jnp.float32) if k in _SUM_METRICS
+            else jnp.asarray(v, jnp.float32) * weight)
+        for k, v in metrics.items()
+    }
+
+
+def make_train_step(
+    model: Any,
+    optimizer: Optimizer,
+    *,
+    num_microbatches: int = 1,
+    on_nonfinite: str = "stop",
+) -> Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[Any, dict[str, jax.Array]]]:
+    """``step(state, batch, rng) -> (state, metrics)`` (un-jitted; see ``jit_train_step``).
+
+    ``on_nonfinite='skip'`` leaves params/optimizer state unchanged when the loss or gradient
+    norm is NaN/inf (the step counter still advances); ``'stop'`` applies it (the host loop stops).
+    """
+    if on_nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"on_nonfinite={on_nonfinite!r}; choose one of {NONFINITE_POLICIES}")
+    grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
+
+    def one(params: Any, mb: Mapping[str, jax.Array], rng: jax.Array,
+            total: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        (loss, metrics), grads = grad_fn(params, dict(mb), rng)
+        weight = jnp.sum(mb["decoder_loss_weights"].astype(jnp.float32)) / total
+        grads = jax.tree.map(lambda g: g * weight, grads)
+        out = _combine(metrics, weight)
+        out["loss"] = jnp.asarray(loss, jnp.float32) * weight
+        return grads, out
+
+    def step(state: Any, batch: Mapping[str, jax.Array], rng: jax.Array) -> tuple[Any, dict]:
+        params = state["params"]
+        rng = jax.random.fold_in(rng, state["step"])
+        total = jnp.maximum(jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32)), 1.0)
+        if num_microbatches <= 1:
+            grads, metrics = one(params, batch, rng, total)
+        else:
+            mbs = _split_microbatches(batch, num_microbatches)
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            first = jax.tree.map(lambda x: x[0], mbs)
+            _, m_shape = jax.eval_shape(one, params, first, rng, total)
+            m_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), m_shape)
+
+            def body(carry: Any, xs: Any) -> tuple[Any, None]:
+                g_acc, m_acc = carry
+                i, mb = xs
+                g, m = one(params, mb, jax.random.fold_in(rng, i), total)
+                return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, m_acc, m)), None
+
+            (grads, metrics), _ = jax.lax.scan(
+                body, (zeros, m_zeros), (jnp.arange(num_microbatches), mbs)
+            )
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        updates, new_opt = optimizer.tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        if on_nonfinite == "skip":
+            keep = lambda new, old: jnp.where(finite, new, old)
+            new_params = jax.tree.map(keep, new_params, params)
+            new_opt = jax.tree.map(keep, new_opt, state["opt_state"])
+        metrics = dict(metrics)
+        metrics.update(
+            grad_norm=grad_norm,
+            learning_rate=jnp.asarray(optimizer.schedule(state["step"]), jnp.float32),
+            finite=finite.astype(jnp.float32),
+            param_norm=optax.global_norm(new_params),
+        )
+        new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": new_opt}
+        return new_state, metrics
+
+    return step
+
+
+def jit_train_step(step: Callable[..., Any], plan: ShardedState, mesh: jax.sharding.Mesh,
+                   rules: P.LogicalRules) -> Callable[..., Any]:
+    """Jit the train step with the state's shardings (donated) and batch-sharded inputs."""
+    batch_sh = P.batch_sharding(mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return P.jit_sharded(
+        step, mesh, rules,
+        in_shardings=(plan.shardings, batch_sh, replicated),
+        out_shardings=(plan.shardings, replicated),
+        donate_argnums=(0,),
+    )
+
+
+def make_eval_step(model: Any) -> Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]]:
+    """``eval(params, batch) -> {'loss_sum', 'accuracy_sum', 'num_tokens'}`` (token sums)."""
+
+    def evaluate(params: Any, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        loss, metrics = model.loss_fn(params, dict(batch), None)
+        tokens = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
+        out = {"loss_sum": jnp.asarray(loss, jnp.float32) * tokens, "num_tokens": tokens}
+        if "cross_entropy" in metrics:
+            out["cross_entropy_sum"] = jnp.asarray(metrics["cross_entropy"], jnp.float32) * tokens
+        if "accuracy" in metrics:
+            out["accuracy_sum"] = jnp.asarray(metrics["accuracy"], jnp.float32) * tokens
+        return out
+
+    return evaluate
+
+
+def jit_eval_step(fn: Callable[..., Any], plan: ShardedState, mesh: jax.sharding.Mesh,
+                  rules: P.LogicalRules) -> Callable[..., Any]:
+    """Jit the eval step (params sharded like the train state, batch sharded)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return P.jit_sharded(
+        fn, mesh, rules,
+        in_shardings=(plan.shardings["params"], P.batch_sharding(mesh, rules)),
+        out_shardings=replicated,
+    )

@@ -1,0 +1,313 @@
+"""The train loop (gin: ``train.*``): data, sharded state, checkpoints, eval, metrics, signals.
+
+Resume semantics: on start, the latest complete checkpoint in ``model_dir/checkpoints`` is
+restored (params, optimizer state, step, data-iterator position) unless ``restore_step`` names
+another; with none, the state is initialised (from ``init_params_path`` when fine-tuning).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+
+from t5x_like.train import checkpoints as C
+from t5x_like.train import metrics as M
+from t5x_like.train import partitioning as P
+from t5x_like.train import train_step as S
+from t5x_like.train.data_iter import InputPipeline
+from t5x_like.train.optimizers import Optimizer, create_optimizer
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss (or gradient norm) became NaN/inf."""
+
+
+class MissingBindingError(RuntimeError):
+    """A required gin binding (``%gin.REQUIRED`` in a gin file) was never given a value."""
+
+
+class Preempted(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """SIGTERM received; a checkpoint was saved."""
+
+
+class _SignalFlag:
+    """Records SIGTERM so the loop can checkpoint at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous: Any = None
+
+    def install(self) -> None:
+        def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
+            self.raised = True
+
+        try:
+            self._previous = signal.signal(signal.SIGTERM, handler)
+        except ValueError:  # not in the main thread
+            self._previous = None
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def any_process(self) -> bool:
+        if jax.process_count() == 1:
+            return self.raised
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray(self.raised, np.int32))
+        return bool(np.any(flags))
+
+
+def write_operative_config(model_dir: str) -> None:
+    """Save gin's operative config (every binding actually used) to ``model_dir/config.gin``."""
+    if jax.process_index() != 0:
+        return
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.gin"), "w", encoding="utf-8") as f:
+        f.write(gin.operative_config_str())
+
+
+def _scalars(tree: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(np.asarray(jax.device_get(v))) for k, v in tree.items()}
+
+
+@gin.configurable
+def train(
+    model_dir: str = gin.REQUIRED,
+    *,
+    model: Any = gin.REQUIRED,
+    task: str = gin.REQUIRED,
+    sequence_length: Mapping[str, int] = gin.REQUIRED,
+    num_train_steps: int = gin.REQUIRED,
+    batch_size: int = 128,
+    vocabulary: str = "c4_32k",
+    pack: bool = True,
+    seed: int = 0,
+    optimizer: Optimizer | None = None,
+    num_microbatches: int = 1,
+    mesh_shape: tuple[int, int, int] | None = None,
+    partitioning: str | None = None,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int | None = 3,
+    async_checkpointing: bool = True,
+    restore_step: int | None = None,
+    restore_dir: str | None = None,
+    init_params_path: str | None = None,
+    eval_every: int = 0,
+    eval_steps: int = 10,
+    eval_split: str = "validation",
+    log_every: int = 10,
+    on_nonfinite: str = "stop",
+    checkpoint_data_iterator: bool = True,
+    tensorboard: bool = True,
+) -> dict[str, float]:
+    """Train ``model`` on ``task``; returns the last logged train metrics.
+
+    Args:
+      model_dir: checkpoints, ``config.gin``, ``metrics.jsonl`` and TensorBoard events go here.
+      model: a ``t5x_like.models`` BaseModel (gin: ``train.model = @make_model()``).
+      task, sequence_length, vocabulary, pack: passed to ``t5x_like.data.get_dataset``.
+      num_train_steps: total optimizer steps (a resumed run continues up to this).
+      batch_size: global batch (sequences); divided among processes.
+      optimizer: ``@create_optimizer()`` (default: T5's Adafactor + rsqrt schedule).
+      num_microbatches: gradient accumulation inside the jitted step (same update).
+      mesh_shape / partitioning: override ``create_mesh.mesh_shape`` / the rules preset.
+      checkpoint_every / keep_checkpoints: save interval (steps) and how many to keep.
+      restore_step: resume from this step instead of the latest.
+      restore_dir: while ``model_dir`` has no checkpoint, resume the full state (params,
+        optimizer, step, data position) from this other model dir (its latest / restore_step).
+      init_params_path: fine-tuning: initialise params from this checkpoint / param tree when
+        the model dir has no checkpoint yet (fresh optimizer state, step 0).
+      eval_every / eval_steps / eval_split: evaluation interval (0: never) and size.
+      on_nonfinite: 'stop' (raise, naming the step, without saving) or 'skip' (drop the update).
+    """
+    required = [k for k, v in dict(locals()).items() if v is gin.REQUIRED]
+    if required:
+        raise MissingBindingError(
+            "Required bindings for `train` not provided in config: "
+            + ", ".join(f"train.{k}" for k in required)
+        )
+    if on_nonfinite not in S.NONFINITE_POLICIES:
+        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; one of {S.NONFINITE_POLICIES}")
+    model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    is_main = jax.process_index() == 0
+    writer = M.MetricsWriter(model_dir, enabled=is_main, tensorboard=tensorboard)
+    optimizer = optimizer if optimizer is not None else create_optimizer()
+    mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
+    rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
+    shards = P.batch_shard_count(mesh, rules)
+    if batch_size % shards:
+        raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch shards"
+                         f" of {P.describe(mesh)}")
+    family = model.family
+    writer.console(f"[t5x_like.train] {P.describe(mesh)}; {jax.process_count()} process(es); "
+                   f"model_dir {model_dir}")
+
+    plan = S.plan_state(model, optimizer, S.dummy_batch(family, sequence_length, shards, pack),
+                        mesh, rules)
+    checkpointer = C.Checkpointer(model_dir, save_interval_steps=checkpoint_every,
+                                  keep=keep_checkpoints, async_save=async_checkpointing)
+    batch_sh = P.batch_sharding(mesh, rules)
+    train_data = InputPipeline(
+        task=task, split="train", sequence_length=sequence_length, global_batch_size=batch_size,
+        model_family=family, vocabulary=vocabulary, pack=pack, shuffle=True, seed=seed,
+        sharding=batch_sh, checkpoint_iterator=checkpoint_data_iterator,
+    )
+
+    source = checkpointer
+    if restore_dir and checkpointer.latest_step() is None:
+        source = C.Checkpointer(restore_dir, save_interval_steps=checkpoint_every, keep=None)
+    step0 = restore_step if restore_step is not None else source.latest_step()
+    if step0 is not None:
+        if step0 not in source.all_steps():
+            raise FileNotFoundError(f"no complete checkpoint for step {step0} in "
+                                    f"{source.directory} (have {source.all_steps()})")
+        state, data_state = source.restore(step0, plan.abstract)
+        how = "not needed"
+        if step0 < num_train_steps:
+            how = train_data.restore(data_state, source.data_state_path(step0))
+        writer.console(f"[t5x_like.train] restored step {step0} from {source.directory} "
+                       f"(data: {how}, {data_state.get('batches_consumed')} batches consumed)")
+        if source is not checkpointer:
+            source.close()
+    elif init_params_path:
+        params = C.load_params(init_params_path, plan.abstract["params"])
+        state = S.state_with_params(plan, params, optimizer, mesh, rules)
+        writer.console(f"[t5x_like.train] initialised params from {init_params_path}")
+    else:
+        state = S.create_state(plan, jax.random.key(seed), mesh, rules)
+    start = int(jax.device_get(state["step"]))
+
+    step_fn = S.jit_train_step(
+        S.make_train_step(model, optimizer, num_microbatches=num_microbatches,
+                          on_nonfinite=on_nonfinite),
+        plan, mesh, rules,
+    )
+    eval_fn = S.jit_eval_step(S.make_eval_step(model), plan, mesh, rules)
+    eval_data = None
+    if eval_every:
+        eval_data = InputPipeline(
+            task=task, split=eval_split, sequence_length=sequence_length,
+            global_batch_size=batch_size, model_family=family, vocabulary=vocabulary, pack=pack,
+            shuffle=False, seed=seed, sharding=batch_sh, checkpoint_iterator=False,
+        )
+    write_operative_config(model_dir)
+
+    tokens_per_seq = sum(int(v) for v in sequence_length.values())
+    flops_per_step = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
+    devices = mesh.devices.size
+    device_kind = mesh.devices.flat[0].device_kind
+    dropout_rng = jax.random.key(seed + 1)
+    flag = _SignalFlag()
+    flag.install()
+    last: dict[str, float] = {}
+
+    def save(step: int, force: bool = False) -> None:
+        if not force and not checkpointer.should_save(step):
+            return
+        if step == checkpointer.last_saved:
+            return
+        train_data.save_iterator(checkpointer.data_state_path(step))
+        if checkpointer.save(step, state, train_data.state(), force=force):
+            writer.console(f"[t5x_like.train] checkpoint step {step} -> {checkpointer.directory}")
+
+    def run_eval(step: int) -> None:
+        assert eval_data is not None
+        ev = evaluate(eval_fn, state["params"], eval_data, eval_steps)
+        ev["tokens_seen"] = float(step * batch_size * tokens_per_seq)
+        writer.write(step, "eval", ev)
+        writer.console(f"[t5x_like.train] eval step {step}: " + ", ".join(
+            f"{k} {v:.4g}" for k, v in ev.items()))
+
+    try:
+        if start >= num_train_steps:  # nothing to train (e.g. gin/runs/eval.gin): evaluate only
+            if eval_data is not None:
+                run_eval(start)
+            return last
+        t_mark, steps_since = time.perf_counter(), 0
+        timed_from = start + 1  # the first step includes compilation: not timed
+        for step in range(start, num_train_steps):
+            batch = next(train_data)
+            state, metrics = step_fn(state, batch, dropout_rng)
+            done = step + 1
+            values = _scalars(metrics)
+            if not math.isfinite(values["loss"]) or not values["finite"]:
+                msg = (f"non-finite loss at step {done} (loss={values['loss']}, "
+                       f"grad_norm={values['grad_norm']})")
+                if on_nonfinite == "stop":
+                    checkpointer.wait()
+                    writer.write(done, "train", {"loss": values["loss"]})
+                    good = checkpointer.latest_step()
+                    raise NonFiniteLossError(
+                        f"{msg}; stopping. Last good checkpoint: "
+                        f"{'none' if good is None else f'step {good}'} in {checkpointer.directory}"
+                    )
+                writer.console(f"[t5x_like.train] {msg}; update skipped")
+            if done == timed_from:
+                t_mark, steps_since = time.perf_counter(), 0
+            else:
+                steps_since += 1
+            if done % log_every == 0 or done in (start + 1, num_train_steps):
+                dt = time.perf_counter() - t_mark
+                rate = steps_since / dt if steps_since and dt > 0 else float("nan")
+                flops_s = flops_per_step * rate
+                values.update(
+                    steps_per_second=rate,
+                    examples_per_second=rate * batch_size,
+                    tokens_per_second=rate * batch_size * tokens_per_seq,
+                    model_flops_per_second=flops_s,
+                    mfu=M.mfu(flops_s, devices, device_kind) if math.isfinite(rate) else None,
+                    tokens_seen=float(done * batch_size * tokens_per_seq),
+                )
+                values.pop("finite", None)
+                if not math.isfinite(rate):
+                    for k in ("steps_per_second", "examples_per_second", "tokens_per_second",
+                              "model_flops_per_second"):
+                        values[k] = None
+                writer.write(done, "train", values)
+                writer.progress(done, num_train_steps, values)
+                last = {k: v for k, v in values.items() if v is not None}
+                t_mark, steps_since = time.perf_counter(), 0
+            save(done)
+            if eval_data is not None and (done % eval_every == 0 or done == num_train_steps):
+                run_eval(done)
+            if flag.any_process():
+                save(done, force=True)
+                checkpointer.wait()
+                writer.console(f"[t5x_like.train] SIGTERM: saved step {done}; exiting")
+                raise Preempted(done)
+        save(num_train_steps, force=True)
+        checkpointer.wait()
+    finally:
+        flag.uninstall()
+        checkpointer.close()
+        writer.close()
+    return last
+
+
+def evaluate(eval_fn: Any, params: Any, data: InputPipeline, num_batches: int) -> dict[str, float]:
+    """Token-weighted loss, accuracy and perplexity over the first ``num_batches`` eval batches."""
+    totals: dict[str, float] = {}
+    for batch in data.fresh(num_batches):
+        for k, v in _scalars(eval_fn(params, batch)).items():
+            totals[k] = totals.get(k, 0.0) + v
+    tokens = max(totals.get("num_tokens", 0.0), 1.0)
+    out = {"loss": totals["loss_sum"] / tokens, "num_tokens": totals.get("num_tokens", 0.0)}
+    ce = totals.get("cross_entropy_sum", totals["loss_sum"]) / tokens
+    out["cross_entropy"] = ce
+    out["perplexity"] = float(math.exp(min(ce, 700.0)))
+    if "accuracy_sum" in totals:
+        out["accuracy"] = totals["accuracy_sum"] / tokens
+    return out

@@ -1,0 +1,73 @@
+"""`python -m t5x_like.train` flags and gin errors: bad configs fail fast, naming the binding."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from t5x_like.train import cli
+from tests.train.conftest import REPO, subprocess_env
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_split_gin_flags_turns_dotted_flags_into_bindings() -> None:
+    rest, bindings = cli.split_gin_flags(
+        ["--gin_file=a.gin", "--gin.train.batch_size=64", "--gin.train.task", "'x'", "--model_dir",
+         "d"])
+    assert rest == ["--gin_file=a.gin", "--model_dir", "d"]
+    assert bindings == ["train.batch_size=64", "train.task='x'"]
+    with pytest.raises(cli.ConfigError, match="no value"):
+        cli.split_gin_flags(["--gin.train.seed"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("--gin.train.num_train_stepz=5", "'train' doesn't have a parameter named 'num_train_st"),
+        ("--gin.trian.batch_size=5", "No configurable matching 'trian'"),
+        ("--gin.create_optimizer.nmae='adamw'", "parameter named 'nmae'"),
+    ],
+)
+def test_unknown_or_misspelled_binding_fails_before_compute(tmp_path, capsys, flag,
+                                                            expected) -> None:
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}", flag])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert expected in err
+    assert not (tmp_path / "m").exists()  # nothing ran
+
+
+def test_missing_required_binding_is_named(tmp_path, capsys) -> None:
+    rc = cli.main(["--gin_file=gin/runs/finetune.gin", f"--model_dir={tmp_path / 'm'}"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "init_params_path" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_missing_gin_file_is_reported(capsys) -> None:
+    assert cli.main(["--gin_file=gin/runs/nope.gin"]) == 2
+    assert "gin file not found: gin/runs/nope.gin" in capsys.readouterr().err
+
+
+def test_module_entry_point_help_and_error_exit_codes(tmp_path) -> None:
+    env = subprocess_env(1)
+    out = subprocess.run([sys.executable, "-m", "t5x_like.train", "--help"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--gin_file" in out.stdout and "--gin.KEY=VALUE" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", "--gin_file=gin/runs/quickstart.gin",
+         f"--model_dir={tmp_path}", "--gin.train.batchsize=3"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "batchsize" in bad.stderr
+    assert not os.listdir(tmp_path)

@@ -1,0 +1,56 @@
+"""Two real processes on localhost (jax.distributed, 4 fake CPU devices each) train together."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+
+import pytest
+
+from tests.train.conftest import REPO, subprocess_env, train_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_agree_on_loss_and_write_one_checkpoint(tmp_path, compile_cache) -> None:
+    port = _free_port()
+    model_dir = tmp_path / "mp"
+    procs = []
+    for pid in range(2):
+        cmd = train_cmd(
+            model_dir,
+            "train.sequence_length = {'inputs': 32, 'targets': 8}", "train.batch_size = 8",
+            "train.num_train_steps = 3", "train.checkpoint_every = 3", "train.log_every = 1",
+            "train.eval_every = 0", "create_mesh.mesh_shape = (2, 4, 1)",
+            gin_files=("gin/runs/quickstart.gin",),
+        ) + [f"--coordinator_address=localhost:{port}", "--num_processes=2",
+             f"--process_id={pid}"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(4), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=300)
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    finals = [re.search(r"process (\d)/2 done: final loss ([0-9.]+)", o) for o in outs]
+    assert all(finals), outs[0][-2000:]
+    assert {m.group(1) for m in finals} == {"0", "1"}
+    assert finals[0].group(2) == finals[1].group(2)
+    assert "mesh(data=2, fsdp=4, model=1) on 8x cpu; 2 process(es)" in outs[0]
+    steps = sorted(p.name for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == ["3"]
+    assert (model_dir / "data_state" / "3" / "process_0").exists()
+    assert (model_dir / "data_state" / "3" / "process_1").exists()
