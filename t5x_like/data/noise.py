@@ -1,0 +1,186 @@
+"""Noise masks for the pre-training objectives (T5 paper, Section 3.3).
+
+Every mask is a stateless TensorFlow function of a chunk length and a seed (an int32 tensor of
+shape [2], as `tf.random.stateless_*` take): the same (length, seed) always gives the same mask,
+and it runs inside graph-mode `tf.data` maps. A mask is a bool tensor of shape [length]; True
+marks a "noise" token (corrupted, masked, dropped or predicted, depending on the objective).
+
+The plain-Python count helpers (`num_noise_tokens`, `num_noise_spans`) are the exact same
+arithmetic as the TF masks (float64, round-half-to-even in both), so the chunk-size
+calculations in `objectives.py` agree with what the masks produce, token for token.
+
+Kinds (the names the objectives and gin files use):
+- ``iid``: `num_noise_tokens(L, d)` positions drawn uniformly without replacement, so each
+  token is noise with probability d and the count is fixed (which lets the pipeline size
+  chunks so that nothing is ever truncated).
+- ``random_spans``: T5's span mask: round(L·d) noise tokens (clamped to [1, L-1]) in
+  max(1, round(noise/mean_span)) spans; noise and non-noise span lengths are random
+  partitions of their totals; spans alternate, starting with non-noise.
+- ``prefix``: a random split point; the suffix is noise.
+- ``full``: every token is noise (density 1.0, deshuffling).
+- ``none``: no noise (plain language modelling).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+MASK_KINDS = ("iid", "random_spans", "prefix", "full", "none")
+
+
+def num_noise_tokens(length: int, noise_density: float) -> int:
+    """round(length · density) clamped to [1, length-1]; 0 when length < 2 (nothing to hide)."""
+    if length < 2:
+        return 0
+    return min(max(round(float(length) * float(noise_density)), 1), length - 1)
+
+
+def num_noise_spans(length: int, num_noise: int, mean_noise_span_length: float) -> int:
+    """max(1, round(num_noise / mean_span)), at most min(num_noise, length - num_noise)."""
+    if num_noise <= 0:
+        return 0
+    spans = max(round(float(num_noise) / float(mean_noise_span_length)), 1)
+    return min(spans, num_noise, length - num_noise)
+
+
+def _tf_num_noise_tokens(length: tf.Tensor, noise_density: float) -> tf.Tensor:
+    """TF twin of `num_noise_tokens` (scalar int32)."""
+    raw = tf.cast(tf.round(tf.cast(length, tf.float64) * float(noise_density)), tf.int32)
+    clamped = tf.minimum(tf.maximum(raw, 1), length - 1)
+    return tf.where(length < 2, 0, clamped)
+
+
+def _tf_num_noise_spans(
+    length: tf.Tensor, num_noise: tf.Tensor, mean_noise_span_length: float
+) -> tf.Tensor:
+    """TF twin of `num_noise_spans` (scalar int32)."""
+    raw = tf.cast(
+        tf.round(tf.cast(num_noise, tf.float64) / float(mean_noise_span_length)), tf.int32
+    )
+    spans = tf.minimum(tf.maximum(raw, 1), tf.minimum(num_noise, length - num_noise))
+    return tf.where(num_noise <= 0, 0, spans)
+
+
+def random_segmentation(
+    num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf.Tensor
+) -> tf.Tensor:
+    """Random composition of `num_items` into `num_segments` positive parts.
+
+    Chooses num_segments-1 distinct cut points among the num_items-1 gaps uniformly at random.
+    Requires 1 <= num_segments <= num_items; num_segments == 0 gives an empty vector.
+    Returns int32 [num_segments] summing to num_items.
+    """
+    num_items = tf.convert_to_tensor(num_items, tf.int32)
+    num_segments = tf.convert_to_tensor(num_segments, tf.int32)
+    gaps = tf.maximum(num_items - 1, 0)
+    order = tf.argsort(tf.random.stateless_uniform([gaps], seed=seed))
+    cuts = tf.scatter_nd(
+        order[: tf.maximum(num_segments - 1, 0), None],
+        tf.ones([tf.maximum(num_segments - 1, 0)], tf.int32),
+        [gaps],
+    )
+    segment_id = tf.cumsum(tf.concat([[0], cuts], axis=0))[:num_items]
+    return tf.math.bincount(
+        segment_id, minlength=num_segments, maxlength=num_segments, dtype=tf.int32
+    )
+
+
+def iid_noise_mask(length: tf.Tensor, noise_density: float, seed: tf.Tensor) -> tf.Tensor:
+    """I.i.d. token mask: `num_noise_tokens(length, density)` uniformly chosen positions.
+
+    Returns bool [length].
+    """
+    length = tf.convert_to_tensor(length, tf.int32)
+    num_noise = _tf_num_noise_tokens(length, noise_density)
+    order = tf.argsort(tf.random.stateless_uniform([length], seed=seed))
+    return tf.scatter_nd(order[:num_noise, None], tf.ones([num_noise], tf.bool), [length])
+
+
+def random_spans_noise_mask(
+    length: tf.Tensor, noise_density: float, mean_noise_span_length: float, seed: tf.Tensor
+) -> tf.Tensor:
+    """T5's random-span mask (see module docstring). Returns bool [length]."""
+    if mean_noise_span_length < 1:
+        raise ValueError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
+    length = tf.convert_to_tensor(length, tf.int32)
+    num_noise = _tf_num_noise_tokens(length, noise_density)
+    num_spans = _tf_num_noise_spans(length, num_noise, mean_noise_span_length)
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    noise_lengths = random_segmentation(num_noise, num_spans, seeds[0])
+    nonnoise_lengths = random_segmentation(length - num_noise, num_spans, seeds[1])
+    # Spans alternate non-noise, noise, non-noise, ...: ends of all spans in order.
+    span_ends = tf.cumsum(tf.reshape(tf.stack([nonnoise_lengths, noise_lengths], axis=1), [-1]))
+    span_index = tf.searchsorted(span_ends, tf.range(length), side="right")
+    return tf.equal(span_index % 2, 1)
+
+
+def prefix_noise_mask(
+    length: tf.Tensor,
+    seed: tf.Tensor,
+    noise_density: float | None = None,
+    min_noise: tf.Tensor | int = 1,
+    max_noise: tf.Tensor | int | None = None,
+) -> tf.Tensor:
+    """Prefix-LM split: the suffix is noise. Returns bool [length].
+
+    Without `noise_density` the suffix length is uniform over [max(1, min_noise),
+    min(length-1, max_noise)] (T5's "random point"); with it, the suffix is
+    `num_noise_tokens(length, density)` clipped to that range (UL2's S-denoiser). Chunks
+    shorter than 2 tokens get no noise.
+    """
+    length = tf.convert_to_tensor(length, tf.int32)
+    low = tf.maximum(tf.convert_to_tensor(min_noise, tf.int32), 1)
+    high = length - 1
+    if max_noise is not None:
+        high = tf.minimum(high, tf.convert_to_tensor(max_noise, tf.int32))
+    low = tf.minimum(low, high)
+    if noise_density is None:
+        span = tf.maximum(high - low + 1, 1)
+        draw = tf.random.stateless_uniform([], seed=seed, minval=0, maxval=span, dtype=tf.int32)
+        num_noise = low + draw
+    else:
+        num_noise = tf.clip_by_value(_tf_num_noise_tokens(length, noise_density), low, high)
+    num_noise = tf.where(length < 2, 0, tf.maximum(num_noise, 0))
+    return tf.range(length) >= length - num_noise
+
+
+def full_noise_mask(length: tf.Tensor) -> tf.Tensor:
+    """Every token is noise (density 1.0). Returns bool [length]."""
+    return tf.ones([length], tf.bool)
+
+
+def no_noise_mask(length: tf.Tensor) -> tf.Tensor:
+    """No token is noise. Returns bool [length]."""
+    return tf.zeros([length], tf.bool)
+
+
+def noise_mask(
+    kind: str,
+    length: tf.Tensor,
+    seed: tf.Tensor,
+    *,
+    noise_density: float | None = 0.15,
+    mean_noise_span_length: float = 3.0,
+    min_noise: tf.Tensor | int = 1,
+    max_noise: tf.Tensor | int | None = None,
+) -> tf.Tensor:
+    """Dispatch on `kind` (one of `MASK_KINDS`). Returns bool [length]."""
+    if kind == "iid":
+        return iid_noise_mask(length, _density(kind, noise_density), seed)
+    if kind == "random_spans":
+        return random_spans_noise_mask(
+            length, _density(kind, noise_density), mean_noise_span_length, seed
+        )
+    if kind == "prefix":
+        return prefix_noise_mask(length, seed, noise_density, min_noise, max_noise)
+    if kind == "full":
+        return full_noise_mask(length)
+    if kind == "none":
+        return no_noise_mask(length)
+    raise ValueError(f"Unknown noise mask kind {kind!r}; expected one of {MASK_KINDS}.")
+
+
+def _density(kind: str, noise_density: float | None) -> float:
+    if noise_density is None or not 0.0 < noise_density < 1.0:
+        raise ValueError(f"{kind!r} mask needs 0 < noise_density < 1, got {noise_density}")
+    return float(noise_density)

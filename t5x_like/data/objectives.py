@@ -1,0 +1,531 @@
+"""Pre-training objectives as "noise mask × inputs transform × targets transform" (T5 §3.3).
+
+An `Objective` names a mask kind (`noise.py`), an inputs transform and a targets transform;
+`denoise` is the one seqio preprocessor that applies any of them to tokenized documents, so
+every row of the paper's Tables 3-6 (and UL2's denoisers) is a gin binding, not new code:
+
+    denoise.mask = 'random_spans'          # 'iid' | 'random_spans' | 'prefix' | 'full' | 'none'
+    denoise.noise_density = 0.15
+    denoise.mean_noise_span_length = 3.0
+    denoise.inputs_transform = 'noise_span_to_unique_sentinel'
+    denoise.targets_transform = 'nonnoise_span_to_unique_sentinel'
+
+Pipeline per document (`{'targets': int32 [n]}` in, `{'inputs', 'targets'}` out):
+1. split the tokens into chunks of the raw length T (`Objective.raw_length`), the largest T for
+   which every chunk of length <= T fits `sequence_length` after the transforms, sentinels and
+   EOS: long documents become several examples, nothing is truncated, empty documents vanish;
+2. draw the noise mask for each chunk from a per-example seed (seqio's `map_over_dataset`
+   seeds, so a Task seed makes everything reproducible);
+3. inputs = [paradigm token ids] + inputs_transform(chunk) + [EOS],
+   targets = targets_transform(chunk) + [EOS].
+
+Sentinel `<extra_id_i>` is id vocab_size-1-i; spans beyond the vocabulary's `extra_ids` reuse
+sentinels cyclically (`<extra_id_0>` again after the last one), so ids never leave the sentinel
+range. Transforms are vectorised TF ops (no py_function anywhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+
+import gin
+import seqio
+import tensorflow as tf
+
+from t5x_like.data import noise
+
+Transform = Callable[[tf.Tensor, tf.Tensor, "VocabInfo", tf.Tensor], tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabInfo:
+    """What the transforms need from a vocabulary: sizes and the special ids."""
+
+    vocab_size: int
+    extra_ids: int
+    eos_id: int = 1
+    first_regular_id: int = 3  # pad=0, eos=1, unk=2 come first
+
+    @classmethod
+    def from_vocabulary(cls, vocabulary: seqio.Vocabulary) -> VocabInfo:
+        return cls(int(vocabulary.vocab_size), int(vocabulary.extra_ids), int(vocabulary.eos_id))
+
+    def sentinel(self, index: tf.Tensor) -> tf.Tensor:
+        """Sentinel id for span `index` (int32 tensor, any shape), cycling over extra_ids."""
+        return self.vocab_size - 1 - tf.math.floormod(index, self.extra_ids)
+
+
+# ----------------------------------------------------------------------------- transforms
+# Each takes (tokens int32 [T], noise_mask bool [T], VocabInfo, seed int32 [2]) and returns
+# int32 [T'] (before EOS). Their lengths are affine in (T, noise tokens n, noise spans s,
+# trailing non-noise t ∈ {0, 1}); `_LENGTH_COEFFS` records (a, b, c, e) for a·T + b·n + c·s + e·t.
+
+
+def _span_starts(mask: tf.Tensor) -> tf.Tensor:
+    """True where a run of True begins. bool [T] -> bool [T]."""
+    previous = tf.concat([[False], mask[:-1]], axis=0)
+    return tf.logical_and(mask, tf.logical_not(previous))
+
+
+def noise_span_to_unique_sentinel(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """Each run of noise tokens -> one sentinel (<extra_id_0>, <extra_id_1>, ... in order)."""
+    del seed
+    starts = _span_starts(noise_mask)
+    sentinels = vocab.sentinel(tf.cumsum(tf.cast(starts, tf.int32)) - 1)
+    replaced = tf.where(starts, sentinels, tokens)
+    return tf.boolean_mask(replaced, tf.logical_or(tf.logical_not(noise_mask), starts))
+
+
+def nonnoise_span_to_unique_sentinel(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """Targets for span replacement: <extra_id_k> before the k-th noise run, then its tokens.
+
+    Each non-noise run becomes a sentinel, numbered as if the chunk began with a non-noise
+    token, so <extra_id_k> here always names the k-th noise run of the inputs (T5's
+    transform exactly whenever the mask starts with non-noise, as random spans always do; for
+    an i.i.d. mask that starts with noise it keeps inputs and targets aligned). A trailing
+    non-noise run gives the final sentinel.
+    """
+    padded_tokens = tf.concat([[0], tokens], axis=0)
+    padded_mask = tf.concat([[False], noise_mask], axis=0)
+    nonnoise = tf.logical_not(padded_mask)
+    starts = _span_starts(nonnoise)
+    sentinels = vocab.sentinel(tf.cumsum(tf.cast(starts, tf.int32)) - 1)
+    replaced = tf.where(starts, sentinels, padded_tokens)
+    return tf.boolean_mask(replaced, tf.logical_or(padded_mask, starts))
+
+
+def noise_token_to_sentinel(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """Every noise token -> the mask token <extra_id_0> (MASS-style)."""
+    del seed
+    return tf.where(noise_mask, vocab.sentinel(tf.zeros_like(tokens)), tokens)
+
+
+def noise_token_to_random_token_or_sentinel(
+    tokens: tf.Tensor,
+    noise_mask: tf.Tensor,
+    vocab: VocabInfo,
+    seed: tf.Tensor,
+    mask_rate: float = 0.8,
+    random_rate: float = 0.1,
+) -> tf.Tensor:
+    """BERT-style: noise tokens -> 80% <extra_id_0>, 10% a random regular token, 10% kept.
+
+    Random tokens are uniform over the regular ids [3, vocab_size - extra_ids).
+    """
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    draw = tf.random.stateless_uniform(tf.shape(tokens), seed=seeds[0])
+    random_tokens = tf.random.stateless_uniform(
+        tf.shape(tokens),
+        seed=seeds[1],
+        minval=vocab.first_regular_id,
+        maxval=vocab.vocab_size - vocab.extra_ids,
+        dtype=tf.int32,
+    )
+    to_mask = tf.logical_and(noise_mask, draw < mask_rate)
+    to_random = tf.logical_and(
+        noise_mask, tf.logical_and(draw >= mask_rate, draw < mask_rate + random_rate)
+    )
+    out = tf.where(to_mask, vocab.sentinel(tf.zeros_like(tokens)), tokens)
+    return tf.where(to_random, random_tokens, out)
+
+
+def drop_noise_tokens(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """Keep only the non-noise tokens (i.i.d. drop inputs; the prefix of prefix LM)."""
+    del vocab, seed
+    return tf.boolean_mask(tokens, tf.logical_not(noise_mask))
+
+
+def drop_nonnoise_tokens(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """Keep only the noise tokens (i.i.d. drop targets; the suffix of prefix LM)."""
+    del vocab, seed
+    return tf.boolean_mask(tokens, noise_mask)
+
+
+def permute_noise_tokens(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """Randomly permute the noise tokens among their positions (deshuffling, with a full mask)."""
+    del vocab
+    positions = tf.where(noise_mask)
+    values = tf.gather_nd(tokens, positions)
+    order = tf.argsort(tf.random.stateless_uniform(tf.shape(values), seed=seed))
+    return tf.tensor_scatter_nd_update(tokens, positions, tf.gather(values, order))
+
+
+def identity(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
+) -> tf.Tensor:
+    """The original chunk (targets of BERT/MASS/deshuffling, full LM)."""
+    del noise_mask, vocab, seed
+    return tokens
+
+
+TRANSFORMS: dict[str, Transform] = {
+    "noise_span_to_unique_sentinel": noise_span_to_unique_sentinel,
+    "nonnoise_span_to_unique_sentinel": nonnoise_span_to_unique_sentinel,
+    "noise_token_to_sentinel": noise_token_to_sentinel,
+    "noise_token_to_random_token_or_sentinel": noise_token_to_random_token_or_sentinel,
+    "drop_noise_tokens": drop_noise_tokens,
+    "drop_nonnoise_tokens": drop_nonnoise_tokens,
+    "permute_noise_tokens": permute_noise_tokens,
+    "identity": identity,
+}
+
+# Output length = a·T + b·n + c·s + e·trailing_nonnoise  (before paradigm tokens and EOS).
+_LENGTH_COEFFS: dict[str, tuple[int, int, int, int]] = {
+    "noise_span_to_unique_sentinel": (1, -1, 1, 0),
+    "nonnoise_span_to_unique_sentinel": (0, 1, 1, 1),
+    "noise_token_to_sentinel": (1, 0, 0, 0),
+    "noise_token_to_random_token_or_sentinel": (1, 0, 0, 0),
+    "drop_noise_tokens": (1, -1, 0, 0),
+    "drop_nonnoise_tokens": (0, 1, 0, 0),
+    "permute_noise_tokens": (1, 0, 0, 0),
+    "identity": (1, 0, 0, 0),
+}
+_USES_SENTINELS = {
+    "noise_span_to_unique_sentinel",
+    "nonnoise_span_to_unique_sentinel",
+    "noise_token_to_sentinel",
+    "noise_token_to_random_token_or_sentinel",
+}
+
+
+# ----------------------------------------------------------------------------- objective
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """A pre-training objective: mask kind × inputs transform × targets transform.
+
+    `inputs_transform=None` makes a targets-only (language-modelling) task. `paradigm_token`
+    (UL2's "[NLU]", "[NLG]", "[S2S]") is tokenized and prepended to the inputs. `raw_length`
+    overrides the chunk length computed from the sequence lengths.
+    """
+
+    mask: str = "random_spans"
+    noise_density: float | None = 0.15
+    mean_noise_span_length: float = 3.0
+    inputs_transform: str | None = "noise_span_to_unique_sentinel"
+    targets_transform: str = "nonnoise_span_to_unique_sentinel"
+    paradigm_token: str | None = None
+    raw_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mask not in noise.MASK_KINDS:
+            raise ValueError(f"Unknown mask {self.mask!r}; expected one of {noise.MASK_KINDS}.")
+        for name in (self.inputs_transform, self.targets_transform):
+            if name is not None and name not in TRANSFORMS:
+                raise ValueError(
+                    f"Unknown transform {name!r}; expected one of {sorted(TRANSFORMS)}."
+                )
+        if self.mask in ("iid", "random_spans") and not 0 < (self.noise_density or 0) < 1:
+            raise ValueError(f"mask {self.mask!r} needs 0 < noise_density < 1.")
+
+    @property
+    def has_inputs(self) -> bool:
+        return self.inputs_transform is not None
+
+    @property
+    def uses_sentinels(self) -> bool:
+        return bool({self.inputs_transform, self.targets_transform} & _USES_SENTINELS)
+
+    # ------------------------------------------------------------------ length arithmetic
+    def _budgets(self, sequence_length: Mapping[str, int], num_prefix: int) -> tuple[int, int]:
+        """Token budgets (inputs, targets) left for the transformed chunk (EOS, prefix removed)."""
+        if self.has_inputs:
+            if "inputs" not in sequence_length or "targets" not in sequence_length:
+                raise ValueError(f"{self} needs sequence_length with 'inputs' and 'targets'.")
+            return sequence_length["inputs"] - 1 - num_prefix, sequence_length["targets"] - 1
+        if "targets" not in sequence_length:
+            raise ValueError(f"{self} needs sequence_length['targets'].")
+        return 0, sequence_length["targets"] - 1
+
+    def _profiles(self, t: int, budgets: tuple[int, int]) -> list[tuple[int, int, int]]:
+        """Possible (noise tokens, noise spans, trailing non-noise) of a chunk of length t."""
+        if t <= 0:
+            return [(0, 0, 0)]
+        if self.mask == "none":
+            return [(0, 0, 1)]
+        if self.mask == "full":
+            return [(t, 1, 0)]
+        if self.mask == "random_spans":
+            n = noise.num_noise_tokens(t, self.noise_density)
+            s = noise.num_noise_spans(t, n, self.mean_noise_span_length)
+            return [(n, s, 1 if n == 0 else 0)]
+        if self.mask == "iid":
+            n = noise.num_noise_tokens(t, self.noise_density)
+            if n == 0:
+                return [(0, 0, 1)]
+            return [(n, min(n, t - n + 1), 0), (n, min(n, t - n), 1)]
+        if t < 2:
+            return [(0, 0, 1)]
+        if self.noise_density is not None:
+            return [(noise.num_noise_tokens(t, self.noise_density), 1, 0)]
+        low, high = self._prefix_bounds(t, budgets)
+        return [(n, 1, 0) for n in {low, high}]
+
+    def _prefix_bounds(self, t: int, budgets: tuple[int, int]) -> tuple[int, int]:
+        """Suffix lengths n in [low, high] that keep both transforms inside their budgets."""
+        low, high = 1, t - 1
+        pairs = ((self.inputs_transform, budgets[0]), (self.targets_transform, budgets[1]))
+        for name, budget in pairs:
+            if name is None:
+                continue
+            a, b, c, _ = _LENGTH_COEFFS[name]  # s = 1, no trailing non-noise
+            if b < 0:
+                low = max(low, a * t + c - budget)
+            elif b > 0:
+                high = min(high, budget - a * t - c)
+        return low, high
+
+    def _length(self, name: str | None, t: int, profile: tuple[int, int, int]) -> int:
+        if name is None:
+            return 0
+        a, b, c, e = _LENGTH_COEFFS[name]
+        n, s, trailing = profile
+        return a * t + b * n + c * s + e * trailing
+
+    def max_lengths(
+        self, t: int, sequence_length: Mapping[str, int], num_prefix: int = 0
+    ) -> tuple[int, int]:
+        """Largest (inputs, targets) lengths, EOS and prefix included, of a chunk of length t."""
+        budgets = self._budgets(sequence_length, num_prefix)
+        profiles = self._profiles(t, budgets)
+        inputs = max(self._length(self.inputs_transform, t, p) for p in profiles)
+        targets = max(self._length(self.targets_transform, t, p) for p in profiles)
+        return (inputs + 1 + num_prefix if self.has_inputs else 0), targets + 1
+
+    def _fits(self, t: int, sequence_length: Mapping[str, int], num_prefix: int) -> bool:
+        if self.mask == "prefix" and self.noise_density is None and t >= 2:
+            low, high = self._prefix_bounds(t, self._budgets(sequence_length, num_prefix))
+            if low > high:
+                return False
+        inputs, targets = self.max_lengths(t, sequence_length, num_prefix)
+        return inputs <= sequence_length.get("inputs", 0) and targets <= sequence_length["targets"]
+
+    def chunk_length(self, sequence_length: Mapping[str, int], num_prefix: int = 0) -> int:
+        """Raw chunk length T: the largest T such that every chunk of length <= T fits.
+
+        A uniform prefix split (mask='prefix', no density) instead uses
+        T = max(inputs - prefix, targets) - 2, so that chunk + 2 EOS fill the longer budget and
+        the split point stays random (with T = inputs + targets - 2 it would be fixed).
+        """
+        if self.raw_length is not None:
+            limit = self.raw_length
+        elif self.mask == "prefix" and self.noise_density is None and self.has_inputs:
+            limit = max(sequence_length["inputs"] - num_prefix, sequence_length["targets"]) - 2
+        else:
+            limit = sum(sequence_length.values())
+        best = 0
+        for t in range(1, limit + 1):
+            if not self._fits(t, sequence_length, num_prefix):
+                break
+            best = t
+        if best < 1 or (self.raw_length is not None and best < self.raw_length):
+            raise ValueError(
+                f"sequence_length {dict(sequence_length)} is too short for {self} "
+                f"(largest chunk that always fits: {best} tokens)."
+            )
+        return best
+
+
+def default_sequence_length(objective: Objective, inputs_length: int = 512) -> dict[str, int]:
+    """Task lengths that let `objective` fill `inputs_length` input tokens.
+
+    Targets get the longest the objective can produce from such a chunk (T5's 512 -> 114 for
+    span corruption); targets-only objectives get {'targets': inputs_length}; a uniform
+    prefix split gets equal inputs and targets lengths.
+    """
+    if not objective.has_inputs:
+        return {"targets": inputs_length}
+    if objective.mask == "prefix" and objective.noise_density is None:
+        return {"inputs": inputs_length, "targets": inputs_length}
+    unbounded = {"inputs": inputs_length, "targets": 4 * inputs_length + 4}
+    raw = objective.chunk_length(unbounded)
+    return {"inputs": inputs_length, "targets": objective.max_lengths(raw, unbounded)[1]}
+
+
+def span_corruption_lengths(
+    inputs_length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0
+) -> tuple[int, int]:
+    """T5's span-corruption arithmetic: inputs length -> (raw chunk length, targets length).
+
+    512 -> (568, 114), 128 -> (141, 29), 256 -> (284, 58), 1024 -> (1137, 229) at 0.15 / 3.
+    """
+    objective = Objective("random_spans", noise_density, mean_noise_span_length)
+    unbounded = {"inputs": inputs_length, "targets": 2 * inputs_length + 2}
+    raw = objective.chunk_length(unbounded)
+    return raw, objective.max_lengths(raw, unbounded)[1]
+
+
+# ----------------------------------------------------------------------------- preprocessors
+def split_into_chunks(
+    dataset: tf.data.Dataset, chunk_length: int, key: str = "targets"
+) -> tf.data.Dataset:
+    """Split every document's `key` tokens into consecutive chunks of <= chunk_length.
+
+    {key: int32 [n]} -> one example {key: int32 [<= chunk_length]} per chunk; n == 0 -> none.
+    """
+
+    def to_rows(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        tokens = tf.cast(example[key], tf.int32)
+        size = tf.size(tokens)
+        rows = (size + chunk_length - 1) // chunk_length
+        padded = tf.pad(tokens, [[0, rows * chunk_length - size]])
+        lengths = tf.minimum(size - tf.range(rows) * chunk_length, chunk_length)
+        return {"chunk": tf.reshape(padded, [rows, chunk_length]), "length": lengths}
+
+    def trim(row: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return {key: row["chunk"][: row["length"]]}
+
+    return (
+        dataset.map(to_rows, num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+        .map(trim, num_parallel_calls=tf.data.AUTOTUNE)
+    )
+
+
+def _apply_objective(
+    chunk: tf.Tensor,
+    seed: tf.Tensor,
+    objective: Objective,
+    vocab: VocabInfo,
+    prefix_ids: tuple[int, ...],
+    budgets: tuple[int, int],
+) -> dict[str, tf.Tensor]:
+    """One chunk (int32 [t]) -> {'inputs', 'targets', 'noise_mask'} (EOS appended)."""
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    length = tf.size(chunk)
+    min_noise, max_noise = 1, None
+    if objective.mask == "prefix":
+        min_noise, max_noise = _tf_prefix_bounds(objective, length, budgets)
+    mask = noise.noise_mask(
+        objective.mask,
+        length,
+        seeds[0],
+        noise_density=objective.noise_density,
+        mean_noise_span_length=objective.mean_noise_span_length,
+        min_noise=min_noise,
+        max_noise=max_noise,
+    )
+    eos = tf.constant([vocab.eos_id], tf.int32)
+    targets = TRANSFORMS[objective.targets_transform](chunk, mask, vocab, seeds[2])
+    out = {"targets": tf.concat([targets, eos], axis=0), "noise_mask": mask}
+    if objective.has_inputs:
+        inputs = TRANSFORMS[objective.inputs_transform](chunk, mask, vocab, seeds[1])
+        prefix = tf.constant(prefix_ids, tf.int32, shape=[len(prefix_ids)])
+        out["inputs"] = tf.concat([prefix, inputs, eos], axis=0)
+    return out
+
+
+def _tf_prefix_bounds(
+    objective: Objective, length: tf.Tensor, budgets: tuple[int, int]
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """TF twin of `Objective._prefix_bounds` for a dynamic chunk length."""
+    low, high = tf.constant(1), length - 1
+    pairs = ((objective.inputs_transform, budgets[0]), (objective.targets_transform, budgets[1]))
+    for name, budget in pairs:
+        if name is None:
+            continue
+        a, b, c, _ = _LENGTH_COEFFS[name]
+        if b < 0:
+            low = tf.maximum(low, a * length + c - budget)
+        elif b > 0:
+            high = tf.minimum(high, budget - a * length - c)
+    return low, high
+
+
+def check_vocabulary(objective: Objective, vocabulary: seqio.Vocabulary) -> VocabInfo:
+    """VocabInfo for `vocabulary`; raises if the objective needs sentinels it lacks."""
+    info = VocabInfo.from_vocabulary(vocabulary)
+    if objective.uses_sentinels and info.extra_ids <= 0:
+        raise ValueError(
+            f"The vocabulary {vocabulary} has no sentinel ids (extra_ids=0), but {objective} "
+            "needs them. Build it with extra_ids=100, e.g. "
+            "seqio.SentencePieceVocabulary(path, extra_ids=100) or "
+            "t5x_like.data.get_vocabulary(name)."
+        )
+    return info
+
+
+@gin.configurable(
+    module="t5x_like.data", denylist=["dataset", "sequence_length", "output_features"]
+)
+def denoise(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, seqio.Feature],
+    *,
+    mask: str = "random_spans",
+    noise_density: float | None = 0.15,
+    mean_noise_span_length: float = 3.0,
+    inputs_transform: str | None = "noise_span_to_unique_sentinel",
+    targets_transform: str = "nonnoise_span_to_unique_sentinel",
+    paradigm_token: str | None = None,
+    raw_length: int | None = None,
+    keep_noise_mask: bool = False,
+) -> tf.data.Dataset:
+    """seqio preprocessor: tokenized documents -> objective examples (see module docstring).
+
+    Input examples: {'targets': int32 [n]} (the tokenized text). Output: {'inputs': int32 [<=
+    Li], 'targets': int32 [<= Lt]} ({'targets'} only when inputs_transform is None), plus
+    'noise_mask' bool [t] and 'chunk' int32 [t] when keep_noise_mask (for inspection).
+    """
+    objective = Objective(
+        mask=mask,
+        noise_density=noise_density,
+        mean_noise_span_length=mean_noise_span_length,
+        inputs_transform=inputs_transform,
+        targets_transform=targets_transform,
+        paradigm_token=paradigm_token,
+        raw_length=raw_length,
+    )
+    return apply_objective(dataset, objective, sequence_length, output_features, keep_noise_mask)
+
+
+def paradigm_ids(objective: Objective, vocabulary: seqio.Vocabulary) -> tuple[int, ...]:
+    """Token ids of the objective's paradigm token (empty tuple without one)."""
+    if not objective.paradigm_token:
+        return ()
+    return tuple(int(i) for i in vocabulary.encode(objective.paradigm_token))
+
+
+def apply_objective(
+    dataset: tf.data.Dataset,
+    objective: Objective,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, seqio.Feature],
+    keep_noise_mask: bool = False,
+) -> tf.data.Dataset:
+    """`denoise` with an `Objective` value (what the task registry calls)."""
+    if sequence_length is None:
+        raise ValueError("Objectives need sequence_length to size their chunks.")
+    vocabulary = output_features["targets"].vocabulary
+    vocab = check_vocabulary(objective, vocabulary)
+    prefix_ids = paradigm_ids(objective, vocabulary)
+    chunk_length = objective.chunk_length(sequence_length, len(prefix_ids))
+    budgets = objective._budgets(sequence_length, len(prefix_ids))
+    apply = functools.partial(
+        _apply_objective, objective=objective, vocab=vocab, prefix_ids=prefix_ids, budgets=budgets
+    )
+
+    @seqio.map_over_dataset(num_seeds=1)
+    def corrupt(example: Mapping[str, tf.Tensor], seed: tf.Tensor) -> dict[str, tf.Tensor]:
+        out = apply(example["targets"], seed)
+        if keep_noise_mask:
+            out["chunk"] = example["targets"]
+        else:
+            del out["noise_mask"]
+        return out
+
+    return corrupt(split_into_chunks(dataset, chunk_length))
