@@ -12,6 +12,7 @@ prefix) and returns its logits and the cache; `decode_step` feeds one token per 
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -54,7 +55,7 @@ def cross_entropy_with_z_loss(
     return xent + zl, nll, zl
 
 
-class BaseModel:
+class BaseModel(abc.ABC):
     """Family-independent API; subclasses map batches onto their Flax module."""
 
     family: str
@@ -65,17 +66,17 @@ class BaseModel:
         self.family = config.family
 
     # Subclass hooks --------------------------------------------------------------------------
+    @abc.abstractmethod
     def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
-        raise NotImplementedError
+        """Implemented per family."""
 
+    @abc.abstractmethod
     def _prefill_apply(self, params, batch, max_decode_length):
-        raise NotImplementedError
+        """Implemented per family."""
 
-    def _targets_length(self, sequence_length: Mapping[str, int]) -> int:
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        raise NotImplementedError
+        """Implemented per family."""
 
     # Shared API ------------------------------------------------------------------------------
     def init_variables(self, rng: jax.Array, batch: Batch) -> dict:

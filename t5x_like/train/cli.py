@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gin_search_paths", action="append", default=[],
                    help="comma-separated directories searched for gin files and includes")
     p.add_argument("--model_dir", default=None, help="model directory (= train.model_dir)")
+    p.add_argument("--tfds_data_dir", default=None,
+                   help="TFDS dir holding c4/en:3.1.0 (for c4_* tasks; never downloads)")
     p.add_argument("--coordinator_address", default=None, help="host:port of process 0")
     p.add_argument("--num_processes", type=int, default=None)
     p.add_argument("--process_id", type=int, default=None)
@@ -95,6 +97,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(rest)
+    if args.tfds_data_dir:
+        # Read by t5x_like.data.corpus.get_source when a c4_* task is first read.
+        os.environ["TFDS_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.tfds_data_dir))
     from t5x_like.train import distributed
 
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)

@@ -1,7 +1,6 @@
 """The attention entry point: mask semantics and agreement of the implementations."""
 
 import functools
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -122,10 +121,6 @@ def test_attention_dropout_only_in_training():
     assert not np.allclose(plain, dropped)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("t5x_like.kernels.flash_attention") is None,
-    reason="flash-attention kernel not available",
-)
 def test_pallas_agrees_with_xla():
     q, k, v, table = _inputs(3, lq=16, lk=16)
     xla, _ = _self_attention(q, k, v, table, "xla", True, True, 16)
