@@ -70,6 +70,20 @@ def dot(a: jax.Array, b: jax.Array, *, ta: bool = False, tb: bool = False) -> ja
     return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
 
 
+def side_names(cfg: FlashConfig) -> list[str]:
+    """Names of the optional side inputs a kernel receives, in call order."""
+    names = []
+    if cfg.has_seg:
+        names += ["qseg", "kseg"]
+    if cfg.has_prefix:
+        names += ["pq", "pk", "plen"]
+    if cfg.has_rel:
+        names += ["tab"]
+    if cfg.has_bias:
+        names += ["bias"]
+    return names
+
+
 def rel_bucket_tile(cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
     """Bucket ids [bq, bk] of relative position k - q for index vectors q_idx [bq], k_idx [bk]."""
     rel = k_idx[None, :] - q_idx[:, None]

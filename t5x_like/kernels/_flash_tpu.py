@@ -80,19 +80,6 @@ def _specs(cfg: FlashConfig, q_outer: bool) -> dict[str, pl.BlockSpec]:
     return specs
 
 
-def _side_names(cfg: FlashConfig) -> list[str]:
-    names = []
-    if cfg.has_seg:
-        names += ["qseg", "kseg"]
-    if cfg.has_prefix:
-        names += ["pq", "pk", "plen"]
-    if cfg.has_rel:
-        names += ["tab"]
-    if cfg.has_bias:
-        names += ["bias"]
-    return names
-
-
 def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
     """Index vectors, side inputs and the 'tile has work' predicate for q block i, k block j."""
     b = pl.program_id(0)
@@ -154,7 +141,7 @@ def _to_head_major(x: jax.Array) -> jax.Array:
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad, 1] f32."""
     batch, heads, bq, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.head_dim_pad
-    names = ["q", "k", "v"] + _side_names(cfg)
+    names = ["q", "k", "v"] + fc.side_names(cfg)
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
             **_side_arrays(cfg, side)}
     specs = _specs(cfg, q_outer=True)
@@ -241,7 +228,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
             "do": _to_head_major(do), "lse": lse, "delta": delta[..., None],
             **_side_arrays(cfg, side)}
-    names = ["q", "k", "v", "do", "lse", "delta"] + _side_names(cfg)
+    names = ["q", "k", "v", "do", "lse", "delta"] + fc.side_names(cfg)
 
     kspecs = _specs(cfg, q_outer=False)
     per_head = jax.ShapeDtypeStruct((batch, heads, cfg.lk_pad, d), jnp.float32)

@@ -59,19 +59,6 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
     return specs
 
 
-def _side_names(cfg: FlashConfig) -> list[str]:
-    names = []
-    if cfg.has_seg:
-        names += ["qseg", "kseg"]
-    if cfg.has_prefix:
-        names += ["pq", "pk", "plen"]
-    if cfg.has_rel:
-        names += ["tab"]
-    if cfg.has_bias:
-        names += ["bias"]
-    return names
-
-
 def _q_loop_state(cfg: FlashConfig, r: dict, q0):
     """Per-q-block quantities for kernels whose program owns a q block."""
     q_idx = q0 + jnp.arange(cfg.block_q, dtype=jnp.int32)
@@ -154,7 +141,7 @@ def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32."""
     batch = q.shape[0]
-    names = ["q", "k", "v"] + _side_names(cfg)
+    names = ["q", "k", "v"] + fc.side_names(cfg)
     specs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     out_shape = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -269,7 +256,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
     delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
-    names = ["q", "k", "v", "do", "lse", "delta"] + _side_names(cfg)
+    names = ["q", "k", "v", "do", "lse", "delta"] + fc.side_names(cfg)
 
     kspecs = {**_main_specs(cfg, False), **_row_specs(cfg, False)}
     per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
