@@ -328,15 +328,25 @@ def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dic
     return stats
 
 
-def iter_split_texts(split: str, data_dir: str | os.PathLike | None = None) -> Iterator[str]:
-    """Texts of one split of the built corpus, in a fixed order (shard by shard)."""
+def iter_split_records(split: str,
+                       data_dir: str | os.PathLike | None = None) -> Iterator[dict[str, str]]:
+    """Records `{'id', 'source', 'text'}` of one split of the built corpus, in a fixed order
+    (shard by shard)."""
     import tensorflow as tf
 
     root = corpus_dir(data_dir)
     files = [str(root / shard_name(split, i)) for i in range(NUM_SHARDS[split])]
-    spec = {"text": tf.io.FixedLenFeature([], tf.string)}
-    for record in tf.data.TFRecordDataset(files):
-        yield tf.io.parse_single_example(record, spec)["text"].numpy().decode("utf-8")
+    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in ("id", "source", "text")}
+    batches = tf.data.TFRecordDataset(files).batch(256).map(lambda r: tf.io.parse_example(r, spec))
+    for batch in batches.as_numpy_iterator():
+        for i in range(len(batch["id"])):
+            yield {k: batch[k][i].decode("utf-8") for k in spec}
+
+
+def iter_split_texts(split: str, data_dir: str | os.PathLike | None = None) -> Iterator[str]:
+    """Texts of one split of the built corpus, in a fixed order (shard by shard)."""
+    for record in iter_split_records(split, data_dir):
+        yield record["text"]
 
 
 # --------------------------------------------------------------------------- seqio sources

@@ -106,6 +106,9 @@ def inspect_task(
                                  split=split, document=document, seed=seed) for n in names]
         return [r for records in per_task for r in records][:num_examples]
     objective = tasks.task_objective(task)
+    if objective is None:
+        raise ValueError(f"{task!r} is a supervised downstream task (no objective to show); "
+                         "see t5x_like.data.downstream.load_examples(name, split).")
     vocab = tasks.get_task(task, vocabulary).output_features["targets"].vocabulary
     lengths = dict(sequence_length or O.default_sequence_length(objective, inputs_length))
     if not objective.has_inputs:

@@ -1,9 +1,11 @@
-"""One-shot set-up of the data directory: fetch, verify, clean, store, train the vocabulary.
+"""One-shot set-up of the data directory: fetch, verify, clean, store, train the vocabulary,
+build the downstream suite's examples (`downstream.py`).
 
 `python -m t5x_like.data.prepare [--data_dir D] [--force]`
 
 Idempotent: every step checks its finished output first (checksums for downloads; a
-fingerprint and file sizes for the corpus; a fingerprint for the vocabulary) and skips when
+fingerprint and file sizes for the corpus and the downstream examples; a fingerprint for the
+vocabulary) and skips when
 it is current, so a second run takes about a second. Every output is written to a temporary
 directory and renamed into place, so an interrupted run leaves nothing that passes those
 checks and the next run rebuilds it. Concurrent runs are serialised by a lock file.
@@ -21,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from t5x_like.data import assets, corpus, vocab
+from t5x_like.data import assets, corpus, downstream, vocab
 
 
 @contextlib.contextmanager
@@ -42,7 +44,8 @@ def prepare(data_dir: str | os.PathLike | None = None, *, force: bool = False,
     done: dict[str, str] = {}
     with _locked(root):
         if force:
-            for p in (corpus.corpus_dir(root), vocab.c4like_8k_dir(root)):
+            for p in (corpus.corpus_dir(root), vocab.c4like_8k_dir(root),
+                      downstream.downstream_dir(root)):
                 shutil.rmtree(p, ignore_errors=True)
         for name in assets.ASSETS:
             if assets.is_cached(name, root):
@@ -68,6 +71,15 @@ def prepare(data_dir: str | os.PathLike | None = None, *, force: bool = False,
             log("[prepare] training the c4like_8k SentencePiece vocabulary")
             vocab.build_c4like_8k(root)
             done["vocabulary c4like_8k"] = f"trained ({time.perf_counter() - t:.1f}s)"
+        if downstream.is_built(root):
+            done["downstream suite"] = "up to date"
+        else:
+            t = time.perf_counter()
+            log("[prepare] building the downstream suite's examples")
+            sizes = downstream.build(root)["sizes"]
+            total = sum(n for splits in sizes.values() for n in splits.values())
+            done["downstream suite"] = (f"built ({len(sizes)} tasks, {total} examples; "
+                                        f"{time.perf_counter() - t:.1f}s)")
     return done
 
 
@@ -77,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_dir", default=None,
                    help=f"default: ${assets.DATA_DIR_ENV} or {assets.DEFAULT_DATA_DIR}")
-    p.add_argument("--force", action="store_true", help="rebuild the corpus and vocabulary")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild the corpus, vocabulary and downstream suite")
     args = p.parse_args(argv)
     root = assets.data_dir(args.data_dir)
     t = time.perf_counter()

@@ -3,8 +3,11 @@
 Tasks are `{corpus}_{objective}` for corpus in `CORPORA` and objective in `OBJECTIVES`
 (e.g. `c4like_span_corruption`), plus the UL2 denoisers and their mixture
 `{corpus}_ul2_mixture`. Each is a `seqio.Task`: source `text` -> rekey to 'targets' ->
-tokenize -> `objectives.apply_objective`. Tasks are registered with the default vocabulary
-(`c4_32k`); `get_dataset(vocabulary=...)` makes a per-vocabulary variant on demand, named
+tokenize -> `objectives.apply_objective`. The supervised downstream suite (`downstream.py`:
+`downstream_*` and `downstream_mixture`) lives here too, as tasks without an objective whose
+source yields `inputs`/`targets` text, with seqio `metric_fns` and a strip postprocessor.
+Tasks are registered with the default vocabulary (`c4_32k`); `get_dataset(vocabulary=...)`
+makes a per-vocabulary variant on demand, named
 `{task}:{vocabulary}` (seqio names may contain ':'). Sources and vocabularies are resolved
 lazily, so importing this module (and listing tasks) needs no prepared data.
 
@@ -34,7 +37,7 @@ import functools
 import hashlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gin
 import seqio
@@ -207,8 +210,10 @@ class TaskSpec:
     """What a registered task is made of (enough to rebuild it for another vocabulary)."""
 
     corpus: str
-    objective: Objective
+    objective: Objective | None  # None: supervised text-to-text (source yields inputs/targets)
     source: seqio.DataSource | None = None  # None: the registered corpus `corpus`
+    metric_fns: tuple[Callable[..., dict[str, float]], ...] = ()
+    postprocess_fn: Callable[..., str] | None = None
 
 
 _TASKS: dict[str, TaskSpec] = {}
@@ -218,6 +223,14 @@ _MIXTURES: dict[str, tuple[tuple[str, float], ...]] = {}
 def _build_task(name: str, spec: TaskSpec, vocabulary: str) -> seqio.Task:
     vocab = NamedVocabulary(vocabulary)
     features = {"targets": seqio.Feature(vocab, add_eos=True)}
+    if spec.objective is None:  # supervised: tokenize inputs/targets, keep them in memory
+        features["inputs"] = seqio.Feature(vocab, add_eos=True)
+        tokenize = functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False)
+        return seqio.Task(name, source=spec.source, output_features=features,
+                          preprocessors=[tokenize, _cache_in_memory,
+                                         seqio.CacheDatasetPlaceholder(),
+                                         seqio.preprocessors.append_eos_after_trim],
+                          postprocess_fn=spec.postprocess_fn, metric_fns=list(spec.metric_fns))
     if spec.objective.has_inputs:
         features["inputs"] = seqio.Feature(vocab, add_eos=True)
     # Steps before the placeholder run once per epoch-less pass, before `repeat`: for the small
@@ -248,15 +261,21 @@ def _cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def register_task(
     name: str,
-    objective: Objective,
+    objective: Objective | None,
     corpus: str = "c4like",
     source: seqio.DataSource | None = None,
+    *,
+    metric_fns: Sequence[Callable[..., dict[str, float]]] = (),
+    postprocess_fn: Callable[..., str] | None = None,
 ) -> str:
     """Register `name` over `corpus` (or over your own `source`, any seqio.DataSource with a
-    `text` feature; `corpus` then only labels it), default vocabulary; idempotent."""
+    `text` feature; `corpus` then only labels it), default vocabulary; idempotent.
+    `objective=None` registers a supervised task: `source` yields `inputs`/`targets` text."""
     if source is None and corpus not in CORPORA:
         raise ValueError(f"Unknown corpus {corpus!r}; expected one of {CORPORA}.")
-    spec = TaskSpec(corpus, objective, source)
+    if objective is None and source is None:
+        raise ValueError(f"Supervised task {name!r} (objective=None) needs a source.")
+    spec = TaskSpec(corpus, objective, source, tuple(metric_fns), postprocess_fn)
     if name in _TASKS:
         if _TASKS[name] != spec:
             raise ValueError(f"Task {name!r} is already registered with {_TASKS[name]}.")
@@ -266,9 +285,12 @@ def register_task(
     return name
 
 
-def register_mixture(name: str, tasks_and_rates: Sequence[tuple[str, float]]) -> str:
-    """Register a mixture of registered tasks (default vocabulary); idempotent."""
-    entries = tuple((t, float(r)) for t, r in tasks_and_rates)
+def register_mixture(
+    name: str, tasks_and_rates: Sequence[tuple[str, float | Callable[[seqio.Task], float]]]
+) -> str:
+    """Register a mixture of registered tasks (default vocabulary); idempotent. A rate may be
+    a function of the seqio.Task (evaluated when a dataset is built)."""
+    entries = tuple((t, r if callable(r) else float(r)) for t, r in tasks_and_rates)
     if name in _MIXTURES:
         if _MIXTURES[name] != entries:
             raise ValueError(f"Mixture {name!r} is already registered differently.")
@@ -314,6 +336,33 @@ def _register_defaults() -> None:
 _register_defaults()
 
 
+def _downstream_dataset(name: str, split: str, shuffle_files: bool = False,
+                        seed: int | None = None) -> tf.data.Dataset:
+    """`{'inputs', 'targets'}` strings of a downstream split (seqio FunctionDataSource fn)."""
+    from t5x_like.data import downstream
+
+    del shuffle_files, seed  # one in-memory "file"; the Task shuffles examples
+    rows = downstream.load_examples(name, split)
+    return tf.data.Dataset.from_tensor_slices(
+        {k: tf.constant([r[k] for r in rows], tf.string) for k in ("inputs", "targets")})
+
+
+def _register_downstream() -> None:
+    """The offline downstream suite (`downstream.py`; it never imports this module)."""
+    from t5x_like.data import downstream, metrics
+
+    for name in downstream.SUITE:
+        source = seqio.FunctionDataSource(functools.partial(_downstream_dataset, name),
+                                          splits=downstream.SPLITS)
+        register_task(name, None, "downstream", source,
+                      metric_fns=downstream.get_spec(name).metric_fns,
+                      postprocess_fn=metrics.strip)
+    register_mixture(downstream.MIXTURE, [(n, downstream.mixture_rate) for n in downstream.SUITE])
+
+
+_register_downstream()
+
+
 def list_tasks() -> list[str]:
     """Names of all registered tasks and mixtures (default-vocabulary names), sorted."""
     return sorted([*_TASKS, *_MIXTURES])
@@ -357,8 +406,9 @@ def get_task(name: str, vocabulary: str = DEFAULT_VOCABULARY) -> seqio.Task | se
     return seqio.get_mixture_or_task(variant)
 
 
-def task_objective(name: str) -> Objective:
-    """The Objective behind a registered task name (with or without a ':vocabulary' suffix)."""
+def task_objective(name: str) -> Objective | None:
+    """The Objective behind a registered task name (with or without a ':vocabulary' suffix);
+    None for a supervised (downstream) task."""
     base = name.partition(":")[0]
     if base not in _TASKS:
         raise _unknown(name)

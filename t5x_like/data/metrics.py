@@ -1,0 +1,110 @@
+"""SeqIO-style metric functions for the downstream suite: `fn(targets, predictions) -> dict`.
+
+Every function takes two equally long, non-empty lists of strings (gold targets and model
+predictions, already post-processed) and returns `{metric_name: value}` with values in 0-100,
+as T5's `t5.evaluation.metrics` does. They wrap well-kept libraries rather than re-implementing:
+scikit-learn (accuracy, macro-F1), rouge-score (ROUGE F-measures with Porter stemming, as T5),
+sacrebleu (corpus BLEU with T5's settings); exact match uses SQuAD's answer normalisation
+(lowercase, drop punctuation and the articles a/an/the, collapse whitespace). The argument names
+`targets` and `predictions` are what `seqio.Task(metric_fns=...)` looks for.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Sequence
+
+__all__ = ["accuracy", "bleu", "check_inputs", "exact_match", "f1_macro", "normalize_answer",
+           "rouge", "strip"]
+
+
+def check_inputs(targets: Sequence[str], predictions: Sequence[str]) -> None:
+    """Raise ValueError unless targets/predictions are equally long, non-empty lists of str."""
+    if len(targets) != len(predictions):
+        raise ValueError(f"metric inputs differ in length: {len(targets)} targets vs "
+                         f"{len(predictions)} predictions.")
+    if not targets:
+        raise ValueError("metric inputs are empty: need at least one target/prediction pair.")
+    for what, values in (("targets", targets), ("predictions", predictions)):
+        bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+        if bad is not None:
+            raise ValueError(f"{what}[{bad}] is {type(values[bad]).__name__}, not str.")
+
+
+def strip(text: str | bytes, example: object = None, is_target: bool = False) -> str:
+    """The suite's postprocessor (seqio `postprocess_fn` signature): decode bytes, strip."""
+    del example, is_target
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    return text.strip()
+
+
+def accuracy(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """Percentage of predictions equal to their target (sklearn `accuracy_score`)."""
+    from sklearn.metrics import accuracy_score
+
+    check_inputs(targets, predictions)
+    return {"accuracy": 100.0 * float(accuracy_score(list(targets), list(predictions)))}
+
+
+def f1_macro(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """Macro-averaged F1 over the classes present in `targets` (sklearn `f1_score`).
+
+    Averaging only over gold classes means a prediction outside them (e.g. a misspelt label)
+    counts as a miss for its example's class but adds no extra zero-F1 class; a class never
+    predicted has F1 0 (`zero_division=0`).
+    """
+    from sklearn.metrics import f1_score
+
+    check_inputs(targets, predictions)
+    labels = sorted(set(targets))
+    value = f1_score(list(targets), list(predictions), labels=labels, average="macro",
+                     zero_division=0)
+    return {"f1_macro": 100.0 * float(value)}
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1 answer normalisation: lowercase, drop punctuation and articles, squeeze
+    whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """Percentage of predictions equal to their target after `normalize_answer`."""
+    check_inputs(targets, predictions)
+    hits = sum(normalize_answer(t) == normalize_answer(p)
+               for t, p in zip(targets, predictions, strict=True))
+    return {"exact_match": 100.0 * hits / len(targets)}
+
+
+def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """Mean ROUGE-1/2/L F-measures (rouge-score, Porter stemming as in T5)."""
+    from rouge_score import rouge_scorer
+
+    check_inputs(targets, predictions)
+    keys = ("rouge1", "rouge2", "rougeL")
+    scorer = rouge_scorer.RougeScorer(list(keys), use_stemmer=True)
+    totals = dict.fromkeys(keys, 0.0)
+    for t, p in zip(targets, predictions, strict=True):
+        scores = scorer.score(t, p)
+        for k in keys:
+            totals[k] += scores[k].fmeasure
+    return {k: 100.0 * v / len(targets) for k, v in totals.items()}
+
+
+def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """Corpus BLEU (sacrebleu, one reference each; T5's settings: intl tokenizer, exp
+    smoothing with value 0, no effective order)."""
+    import sacrebleu
+
+    check_inputs(targets, predictions)
+    result = sacrebleu.corpus_bleu(list(predictions), [list(targets)], smooth_method="exp",
+                                   smooth_value=0.0, force=False, lowercase=False,
+                                   tokenize="intl", use_effective_order=False)
+    return {"bleu": float(result.score)}
