@@ -1,6 +1,8 @@
-"""Test-wide settings: 8 fake CPU devices (must be set before jax is imported) and quiet TF."""
+"""Test-wide settings: 8 fake CPU devices (must be set before jax is imported), quiet TF, and a
+tiny pre-trained model dir shared by the infer / evaluate tests (real trainer, in-process)."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -16,3 +18,40 @@ def _clean_gin():
     gin.clear_config()
     yield
     gin.clear_config()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: A tiny encoder-decoder (1+1 layers, d_model 32) with the c4like_8k vocabulary.
+TINY_BINDINGS = (
+    "TransformerConfig.vocab_size = 8192",
+    "TransformerConfig.emb_dim = 32",
+    "TransformerConfig.num_heads = 2",
+    "TransformerConfig.head_dim = 16",
+    "TransformerConfig.mlp_dim = 64",
+    "TransformerConfig.num_encoder_layers = 1",
+    "TransformerConfig.num_decoder_layers = 1",
+    "TransformerConfig.dtype = 'float32'",
+    "train.sequence_length = {'inputs': 64, 'targets': 16}",
+    "train.batch_size = 16",
+    "train.num_train_steps = 20",
+    "train.checkpoint_every = 20",
+    "train.eval_every = 0",
+    "train.log_every = 10",
+    "train.tensorboard = False",
+)
+
+
+@pytest.fixture(scope="session")
+def pretrained_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`python -m t5x_like.train` (in-process) of the tiny model: 20 span-corruption steps."""
+    from t5x_like.train.cli import main
+
+    model_dir = tmp_path_factory.mktemp("pretrained") / "model"
+    argv = ["--gin_file", str(REPO / "gin/runs/quickstart.gin"), f"--model_dir={model_dir}"]
+    for b in TINY_BINDINGS:
+        argv += ["--gin_bindings", b]
+    gin.clear_config()
+    assert main(argv) == 0
+    gin.clear_config()
+    return str(model_dir)

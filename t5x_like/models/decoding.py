@@ -6,7 +6,10 @@ penalty `((5 + len) / 6) ** alpha`, T5X's default alpha = 0.6). `decode` is the 
 point for all of them.
 
 Prompts (batch dict, pad = 0, right-padded):
-- encoder-decoder: `encoder_input_tokens [B, Li]`; the decoder starts from BOS (token 0).
+- encoder-decoder: `encoder_input_tokens [B, Li]`; the decoder starts from BOS (token 0), or,
+  for a forced decoder prompt, from `decoder_input_tokens [B, P]` (BOS + the forced first target
+  tokens, right-padded; lengths from `prompt_lengths [B]`, else P), which are prefilled so that
+  generation continues after them (the forced tokens are not part of the outputs).
 - decoder-only / prefix LM: `decoder_input_tokens [B, P]` is the prompt (SeqIO's shifted-right
   form, usually starting with the 0 BOS); its lengths (>= 1) come from `prompt_lengths [B]`,
   else from `sum(decoder_causal_attention)`, else P. Prefix LMs see the prompt bidirectionally
@@ -47,10 +50,18 @@ def _prompt(model: BaseModel, batch: Batch) -> dict[str, jax.Array]:
     if model.family == "encoder_decoder":
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         size = enc.shape[0]
+        if "decoder_input_tokens" not in batch:
+            return {
+                "encoder_input_tokens": enc,
+                "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
+                "prompt_lengths": jnp.ones((size,), jnp.int32),
+            }
+        forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
+        lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
         return {
             "encoder_input_tokens": enc,
-            "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
-            "prompt_lengths": jnp.ones((size,), jnp.int32),
+            "decoder_input_tokens": forced,
+            "prompt_lengths": jnp.asarray(lengths, jnp.int32),
         }
     tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
     size, width = tokens.shape

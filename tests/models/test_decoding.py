@@ -104,6 +104,34 @@ def test_greedy_matches_uncached_argmax(name):
         np.testing.assert_allclose(out["log_probs"][row, 0], total, rtol=1e-5, atol=1e-5)
 
 
+def test_forced_decoder_prompt_continues_as_teacher_forced_greedy():
+    """Encoder-decoder with forced first decoder tokens (ragged): every generated token is the
+    argmax of the uncached forward over BOS + forced tokens + the tokens generated so far."""
+    model, params = setup("enc_dec")
+    batch = dict(prompts("enc_dec"))
+    batch["decoder_input_tokens"] = np.asarray([[0, 7, 3, 12], [0, 11, 0, 0]], np.int32)
+    batch["prompt_lengths"] = np.asarray([4, 2], np.int32)
+    out = decode(model, params, batch, method="greedy", max_decode_length=L)
+    plain = decode(model, params, prompts("enc_dec"), method="greedy", max_decode_length=L)
+    assert not np.array_equal(out["tokens"], plain["tokens"])  # the prompt changed the output
+    logits = jax.jit(model.logits)
+    for row in range(2):
+        forced = batch["decoder_input_tokens"][row, : batch["prompt_lengths"][row]]
+        tokens, length = np.asarray(out["tokens"][row, 0]), int(out["lengths"][row, 0])
+        assert length >= 1
+        for i in range(length):
+            dec = np.zeros((1, 4 + L), np.int32)
+            dec[0, : len(forced) + i] = np.concatenate([forced, tokens[:i]])
+            x = {
+                "encoder_input_tokens": batch["encoder_input_tokens"][row : row + 1],
+                "decoder_input_tokens": dec,
+                "decoder_target_tokens": np.ones_like(dec),
+                "decoder_segment_ids": np.ones_like(dec),
+            }
+            step_logits = np.asarray(logits(params, x))[0, len(forced) - 1 + i]
+            assert tokens[i] == np.argmax(step_logits), (row, i)
+
+
 def test_padded_prompt_matches_prompt_alone():
     model, params = setup("lm_rope")
     batch = prompts("lm_rope")

@@ -1,0 +1,247 @@
+"""Downstream evaluation of a pre-trained checkpoint: fine-tune, decode, score, tabulate.
+
+`python -m t5x_like.evaluate --checkpoint=PRETRAIN_MODEL_DIR --out_dir=DIR [--tasks=a,b]
+[--finetune_steps=N] [--multitask] [--gin_file ... --gin.K=V]`
+
+For each task of `downstream.SUITE` (or `--tasks`), the trainer runs in-process with gin =
+the checkpoint's `config.gin` + `gin/runs/finetune.gin` (+ `--gin_file`s) and the bindings
+`SMALL_SCALE_BINDINGS`, then `train.init_params_path/task/sequence_length/model_dir/
+num_train_steps/vocabulary` and finally the user's bindings (later bindings win). Fine-tunes
+live in `DIR/finetune/<task>/` (with `--multitask`: one run on `downstream.MIXTURE` in
+`DIR/finetune/downstream_mixture/`, shared by all tasks) and are resumable: a run whose
+checkpoint has reached `num_train_steps` is not retrained. Each task's test split is then
+decoded greedily (`max_decode_length` = the task's target length) and scored; outputs:
+`DIR/results.json` (DESIGN.md schema), `DIR/results.md` (a T5-paper-style one-row table with
+a "suite average" column, plus the majority-class baseline row) and `DIR/predictions/<task>.jsonl`.
+
+Defaults are sized for a 2-core CPU (finetune.gin's paper settings are 2^18 steps at batch
+128): `DEFAULT_FINETUNE_STEPS` steps at batch 16, one checkpoint at the end, no periodic eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+
+from t5x_like import infer
+from t5x_like.train import cli
+
+DEFAULT_FINETUNE_STEPS = 200
+FINETUNE_GIN = "gin/runs/finetune.gin"
+#: Small-scale defaults layered over finetune.gin (user bindings come later and win).
+SMALL_SCALE_BINDINGS = (
+    "train.batch_size = 16",
+    "train.eval_every = 0",
+    "train.log_every = 50",
+    "train.keep_checkpoints = 1",
+)
+
+
+def _downstream() -> Any:
+    from t5x_like.data import downstream
+
+    return downstream
+
+
+def finetune_bindings(checkpoint: str, task: str, sequence_length: dict[str, int],
+                      model_dir: str, steps: int, vocabulary: str) -> list[str]:
+    """The gin bindings of one fine-tune (before the user's own)."""
+    lengths = {k: int(v) for k, v in sequence_length.items()}
+    return [
+        *SMALL_SCALE_BINDINGS,
+        f"train.checkpoint_every = {steps}",
+        f"train.init_params_path = {checkpoint!r}",
+        f"train.task = {task!r}",
+        f"train.sequence_length = {lengths!r}",
+        f"train.model_dir = {model_dir!r}",
+        f"train.num_train_steps = {steps}",
+        f"train.vocabulary = {vocabulary!r}",
+    ]
+
+
+def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[str, int],
+             model_dir: str, steps: int, *, gin_files: Sequence[str] = (),
+             gin_bindings: Sequence[str] = ()) -> dict[str, Any]:
+    """Runs (or resumes, or skips when finished) one fine-tune; returns a summary dict.
+
+    `checkpoint`: the init params path (model dir or step dir); `config_dir`: the model dir
+    whose `config.gin` is the base config.
+    """
+    base = infer.parse_model_config(config_dir)
+    vocabulary = base.get("vocabulary", "c4_32k")
+    bindings = [*finetune_bindings(checkpoint, task, sequence_length, model_dir, steps,
+                                   vocabulary), *gin_bindings]
+    done = infer.checkpoint_steps(model_dir)
+    summary = {"task": task, "model_dir": model_dir, "trained": False}
+    if done and done[-1] >= steps:
+        summary["step"] = done[-1]
+        return summary
+    gin.clear_config()
+    cli.parse_gin([os.path.join(config_dir, "config.gin"), FINETUNE_GIN, *gin_files], bindings)
+    from t5x_like.train import trainer
+
+    start = time.perf_counter()
+    try:
+        last = trainer.train()
+    except RuntimeError as err:
+        if isinstance(err, trainer.MissingBindingError) or "Required bindings" in str(err):
+            raise cli.ConfigError(f"missing required gin binding: {err}") from err
+        raise
+    summary.update(trained=True, seconds=round(time.perf_counter() - start, 1),
+                   final_loss=last.get("loss"), step=infer.checkpoint_steps(model_dir)[-1])
+    return summary
+
+
+def evaluate_task(predictor: infer.Predictor, task: str, out_dir: str,
+                  batch_size: int = 64) -> dict[str, Any]:
+    """Greedy-decodes `task`'s test split, writes `predictions/<task>.jsonl`, returns the
+    results.json entry `{'metrics', 'score', 'baseline', 'baseline_metrics', 'num_examples'}`."""
+    ds = _downstream()
+    spec = ds.get_spec(task)
+    examples = ds.load_examples(task, "test")
+    preds = infer.predict(predictor, [e["inputs"] for e in examples], method="greedy",
+                          max_decode_length=spec.sequence_length["targets"],
+                          batch_size=batch_size)
+    targets = [e["targets"] for e in examples]
+    outputs = [p["output"] for p in preds]
+    metrics = ds.compute_metrics(task, targets, outputs)
+    baseline = ds.majority_baseline(task, "test")
+    os.makedirs(os.path.join(out_dir, "predictions"), exist_ok=True)
+    with open(os.path.join(out_dir, "predictions", f"{task}.jsonl"), "w", encoding="utf-8") as f:
+        for e, p in zip(examples, preds, strict=True):
+            row = {"inputs": e["inputs"], "targets": e["targets"], "output": p["output"],
+                   "score": p["score"]}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return {"metrics": metrics, "score": metrics["score"], "baseline": baseline["score"],
+            "baseline_metrics": baseline, "num_examples": len(examples)}
+
+
+def _short(task: str) -> str:
+    return task.removeprefix("downstream_")
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """One-row table (a column per task + suite average), then the baseline row."""
+    tasks = list(results["tasks"])
+    head = ["model", *[_short(t) for t in tasks], "suite average"]
+    name = f"{os.path.basename(results['checkpoint'].rstrip('/'))} (step {results['step']})"
+    ours = [name, *[f"{results['tasks'][t]['score']:.2f}" for t in tasks],
+            f"{results['suite_average']:.2f}"]
+    base = ["majority baseline", *[f"{results['tasks'][t]['baseline']:.2f}" for t in tasks],
+            f"{results['baseline_average']:.2f}"]
+    metrics = ", ".join(f"{_short(t)}: {_downstream().get_spec(t).primary_metric}"
+                        for t in tasks)
+    ft = results["finetune"]
+    lines = [
+        f"# Downstream evaluation of `{results['checkpoint']}`", "",
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+        "| " + " | ".join(ours) + " |", "| " + " | ".join(base) + " |", "",
+        f"Scores 0-100 on each test split ({metrics}); fine-tuned "
+        f"{'once on the suite mixture' if ft['multitask'] else 'per task'} for {ft['steps']} "
+        "steps, greedy decoding.", "",
+    ]
+    return "\n".join(lines)
+
+
+def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] | None = None,
+                        finetune_steps: int | None = None, multitask: bool = False,
+                        gin_files: Sequence[str] = (),
+                        gin_bindings: Sequence[str] = ()) -> dict[str, Any]:
+    """Fine-tunes `checkpoint` on each task (or once on the mixture), scores the test splits
+    and writes `out_dir/results.{json,md}` + `predictions/`; returns the results.json dict."""
+    ds = _downstream()
+    model_dir, step = infer.resolve_checkpoint(checkpoint)
+    init_path = os.path.abspath(os.path.expanduser(checkpoint))
+    tasks = list(tasks) if tasks else list(ds.SUITE)
+    for t in tasks:
+        ds.get_spec(t)  # unknown task -> ValueError naming close matches
+    steps = int(finetune_steps or DEFAULT_FINETUNE_STEPS)
+    out_dir = os.path.abspath(os.path.expanduser(out_dir))
+    start = time.perf_counter()
+    runs: list[tuple[str, list[str], dict[str, int]]] = []
+    if multitask:
+        lengths = {k: max(ds.get_spec(t).sequence_length[k] for t in tasks)
+                   for k in ("inputs", "targets")}
+        runs.append((ds.MIXTURE, tasks, lengths))
+    else:
+        runs.extend((t, [t], dict(ds.get_spec(t).sequence_length)) for t in tasks)
+    entries: dict[str, Any] = {}
+    summaries = []
+    for run_task, scored, lengths in runs:
+        ft_dir = os.path.join(out_dir, "finetune", run_task)
+        summaries.append(finetune(init_path, model_dir, run_task, lengths, ft_dir, steps,
+                                  gin_files=gin_files, gin_bindings=gin_bindings))
+        predictor = infer.load_predictor(ft_dir)
+        for t in scored:
+            t0 = time.perf_counter()
+            entries[t] = evaluate_task(predictor, t, out_dir)
+            print(f"[t5x_like.evaluate] {t}: score {entries[t]['score']:.2f} (baseline "
+                  f"{entries[t]['baseline']:.2f}), {entries[t]['num_examples']} test examples "
+                  f"in {time.perf_counter() - t0:.1f}s", flush=True)
+    gin.clear_config()
+    mean = lambda key: sum(entries[t][key] for t in tasks) / len(tasks)  # noqa: E731
+    results = {
+        "checkpoint": model_dir, "step": step,
+        "tasks": {t: entries[t] for t in tasks},
+        "suite_average": mean("score"), "baseline_average": mean("baseline"),
+        "finetune": {"steps": steps, "multitask": multitask, "gin_files": [FINETUNE_GIN,
+                     *gin_files], "gin_bindings": [*SMALL_SCALE_BINDINGS, *gin_bindings],
+                     "runs": summaries},
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(results_markdown(results))
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of `python -m t5x_like.evaluate` (`--gin.K=V` handled by cli.split_gin_flags)."""
+    p = argparse.ArgumentParser(prog="python -m t5x_like.evaluate",
+                                description="Fine-tune a checkpoint on the downstream suite and "
+                                "report its scores.",
+                                epilog="Any --gin.KEY=VALUE is a fine-tuning gin binding, e.g. "
+                                "--gin.train.batch_size=16")
+    p.add_argument("--checkpoint", required=True, help="pre-trained model dir (or step dir)")
+    p.add_argument("--out_dir", required=True)
+    p.add_argument("--tasks", default=None, help="comma-separated subset of the suite")
+    p.add_argument("--finetune_steps", type=int, default=None,
+                   help=f"fine-tuning steps per run (default {DEFAULT_FINETUNE_STEPS})")
+    p.add_argument("--multitask", action="store_true",
+                   help="fine-tune once on the suite mixture instead of per task")
+    p.add_argument("--gin_file", action="append", default=[])
+    p.add_argument("--gin_bindings", action="append", default=[])
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """CLI entry point; 2 = bad checkpoint / task / gin config."""
+    try:
+        rest, gin_flags = cli.split_gin_flags(argv)
+        args = build_parser().parse_args(rest)
+        tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+        results = evaluate_checkpoint(
+            args.checkpoint, args.out_dir, tasks=tasks, finetune_steps=args.finetune_steps,
+            multitask=args.multitask, gin_files=args.gin_file,
+            gin_bindings=[*args.gin_bindings, *gin_flags])
+    except (infer.InferenceError, cli.ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"[t5x_like.evaluate] suite average {results['suite_average']:.2f} (baseline "
+          f"{results['baseline_average']:.2f}) in {results['seconds']}s -> "
+          f"{os.path.join(args.out_dir, 'results.md')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,503 @@
+"""Inference from a trained model dir: load a `Predictor`, decode text, score targets.
+
+Library (DESIGN.md "Inference and evaluation"):
+
+    predictor = load_predictor('runs/quickstart')            # latest step, training mesh
+    predict(predictor, ['summarize: ...'], method='beam', num_decodes=2)
+        -> [{'input', 'output', 'score', 'outputs', 'scores'}]
+    score(predictor, ['question'], ['answer']) -> [log-likelihood]
+
+Prompts are built exactly as the feature converters build training examples:
+- encoder-decoder: encoder input = input tokens + EOS (truncated to the training input length
+  `train.sequence_length['inputs']`, EOS kept); the decoder starts from BOS (0), or from
+  BOS + a forced decoder prompt (`decoder_prompts`: text whose tokens are prefilled; the outputs
+  hold the continuation only).
+- decoder-only / prefix LM trained on a task with inputs: prompt = BOS + input tokens + EOS
+  (prefix LM: attended bidirectionally, as `decoder_causal_attention` is in training), then the
+  forced decoder prompt tokens if any (causal). For a targets-only LM the prompt is BOS + the
+  text's tokens without EOS (a continuation).
+Every batch is padded to one shape (`batch_size` rows, or fewer rounded up to the mesh's batch
+shards when there are fewer inputs), so one compilation serves a whole call.
+
+`python -m t5x_like.infer` is the CLI (see `main`); errors in the checkpoint, the inputs or
+the gin config exit with status 2 and a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+
+from t5x_like.models import decoding
+from t5x_like.train import checkpoints as C
+from t5x_like.train import cli
+from t5x_like.train import partitioning as P
+from t5x_like.train.train_step import dummy_batch
+
+log = logging.getLogger(__name__)
+PAD_ID, EOS_ID = 0, 1
+
+
+class InferenceError(ValueError):
+    """A bad checkpoint path, input file or task (the CLIs exit with status 2)."""
+
+
+@dataclasses.dataclass
+class Predictor:
+    """A model with restored (sharded) params and what is needed to tokenize for it."""
+
+    model: Any                      # t5x_like.models BaseModel
+    params: Any                     # plain param tree, on `mesh` with the training partitioning
+    vocabulary: Any                 # seqio.Vocabulary
+    vocabulary_name: str
+    sequence_length: dict[str, int]  # the training task lengths (train.sequence_length)
+    mesh: jax.sharding.Mesh
+    rules: P.LogicalRules
+    model_dir: str
+    step: int
+
+    @property
+    def family(self) -> str:
+        """'encoder_decoder', 'decoder_only' or 'prefix_lm'."""
+        return self.model.family
+
+    @property
+    def input_length(self) -> int:
+        """Max input tokens (incl. EOS) seen in training; longer inputs are truncated."""
+        return int(self.sequence_length.get("inputs", self.sequence_length["targets"]))
+
+    @property
+    def target_length(self) -> int:
+        """Training target length: the default `max_decode_length`."""
+        return int(self.sequence_length["targets"])
+
+    @property
+    def has_inputs(self) -> bool:
+        return "inputs" in self.sequence_length
+
+
+_MODELS: dict[Any, Any] = {}  # TransformerConfig -> BaseModel
+
+
+# Loading ---------------------------------------------------------------------------------------
+def checkpoint_steps(model_dir: str) -> list[int]:
+    """Steps of the complete checkpoints in `model_dir/checkpoints` (sorted)."""
+    root = os.path.join(model_dir, C.CHECKPOINT_SUBDIR)
+    if not os.path.isdir(root):
+        return []
+    return sorted(int(n) for n in os.listdir(root)
+                  if n.isdigit() and os.path.isdir(os.path.join(root, n, "state")))
+
+
+def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[str, int]:
+    """(model dir, step) for a model dir (latest or `step`) or a `checkpoints/<step>` dir."""
+    path = os.path.abspath(os.path.expanduser(checkpoint)).rstrip(os.sep)
+    if not os.path.isdir(path):
+        raise InferenceError(f"checkpoint directory not found: {checkpoint}")
+    name, parent = os.path.basename(path), os.path.dirname(path)
+    model_dir = path
+    if name.isdigit() and os.path.basename(parent) == C.CHECKPOINT_SUBDIR:
+        model_dir = os.path.dirname(parent)
+        if step is not None and step != int(name):
+            raise InferenceError(f"{checkpoint} is step {name} but step={step} was requested")
+        step = int(name)
+    if not os.path.isfile(os.path.join(model_dir, "config.gin")):
+        raise InferenceError(f"{model_dir} has no config.gin: not a t5x_like model dir "
+                             "(expected the output dir of `python -m t5x_like.train`)")
+    steps = checkpoint_steps(model_dir)
+    if not steps:
+        raise InferenceError(f"{model_dir} has no complete checkpoint under "
+                             f"{C.CHECKPOINT_SUBDIR}/")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise InferenceError(f"no checkpoint for step {step} in {model_dir} (have {steps})")
+    return model_dir, step
+
+
+def parse_model_config(model_dir: str, gin_files: Sequence[str] = (),
+                       gin_bindings: Sequence[str] = (),
+                       gin_search_paths: Sequence[str] = ()) -> dict[str, Any]:
+    """Clears gin, parses `model_dir/config.gin` + extra files/bindings (later ones win) and
+    returns the resolved `train.*` bindings (`model` is built). Raises cli.ConfigError."""
+    gin.clear_config()
+    cli.parse_gin([os.path.join(model_dir, "config.gin"), *gin_files], gin_bindings,
+                  gin_search_paths)
+    try:
+        return gin.get_bindings("train")
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise cli.ConfigError(f"invalid gin config in {model_dir}: {err}") from err
+
+
+def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
+                   gin_bindings: Sequence[str] = (), step: int | None = None,
+                   mesh_shape: Sequence[int] | None = None, partitioning: str | None = None,
+                   gin_search_paths: Sequence[str] = ()) -> Predictor:
+    """Builds the model of `checkpoint`'s `config.gin` and restores its params onto a mesh.
+
+    The mesh and logical-axis rules default to the training ones (`train.mesh_shape` /
+    `create_mesh.mesh_shape`, `train.partitioning` / `logical_axis_rules.preset`); e.g.
+    `mesh_shape=(1, -1, 1), partitioning='fsdp'` shards every parameter over all devices.
+    Gin is process-global: this clears it and leaves the checkpoint's config parsed.
+    """
+    model_dir, step = resolve_checkpoint(checkpoint, step)
+    bindings = parse_model_config(model_dir, gin_files, gin_bindings, gin_search_paths)
+    if "model" not in bindings:
+        raise cli.ConfigError(f"{model_dir}/config.gin binds no train.model")
+    # One model object per config: jitted decode/score functions are cached per model object.
+    model = _MODELS.setdefault(bindings["model"].config, bindings["model"])
+    sequence_length = {k: int(v) for k, v in dict(bindings["sequence_length"]).items()}
+    vocab_name = bindings.get("vocabulary", "c4_32k")
+    shape = mesh_shape if mesh_shape is not None else bindings.get("mesh_shape")
+    mesh = P.create_mesh(shape) if shape is not None else P.create_mesh()
+    preset = partitioning or bindings.get("partitioning")
+    rules = P.logical_axis_rules(preset) if preset else P.logical_axis_rules()
+    shards = P.batch_shard_count(mesh, rules)
+    init_batch = dummy_batch(model.family, sequence_length, shards, packed=False)
+    with P.partitioning_context(mesh, rules):
+        boxed = jax.eval_shape(lambda r: model.init_variables(r, init_batch)["params"],
+                               jax.random.key(0))
+    _, shardings = P.param_shardings(boxed, mesh, rules)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            nn.unbox(boxed), shardings)
+    params = C.load_params(os.path.join(model_dir, C.CHECKPOINT_SUBDIR, str(step)), abstract)
+    from t5x_like import data
+
+    return Predictor(model=model, params=params, vocabulary=data.get_vocabulary(vocab_name),
+                     vocabulary_name=vocab_name, sequence_length=sequence_length, mesh=mesh,
+                     rules=rules, model_dir=model_dir, step=step)
+
+
+# Tokenization ----------------------------------------------------------------------------------
+_TRUNCATED: dict[str, int] = {}  # what -> how many texts were truncated since the last warning
+
+
+def _tokens(predictor: Predictor, text: str, limit: int, eos: bool, what: str) -> list[int]:
+    """Token ids of `text` (+ EOS), truncated to `limit` ids with EOS kept (counted in
+    `_TRUNCATED`; `_warn_truncated` reports them once per call)."""
+    ids = [int(i) for i in predictor.vocabulary.encode(text)]
+    if len(ids) + eos > limit:
+        _TRUNCATED[what] = _TRUNCATED.get(what, 0) + 1
+        ids = ids[: limit - eos]
+    return ids + [EOS_ID] * eos
+
+
+def _warn_truncated(predictor: Predictor, total: int) -> None:
+    for what, n in sorted(_TRUNCATED.items()):
+        limit = predictor.input_length if what == "input" else predictor.target_length
+        log.warning("%d of %d %ss truncated to the model's %s length %d tokens", n, total,
+                    what, what, limit)
+    _TRUNCATED.clear()
+
+
+def _pad(rows: list[list[int]], width: int | None = None) -> np.ndarray:
+    width = max(1, max(len(r) for r in rows)) if width is None else width
+    out = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
+                  prompts: Sequence[str] | None) -> dict[str, np.ndarray]:
+    """The `decoding.decode` batch for a list of texts (see the module docstring)."""
+    li = predictor.input_length
+    encode = predictor.vocabulary.encode
+    forced = [[int(i) for i in encode(p)] for p in prompts] if prompts is not None else None
+    if predictor.family == "encoder_decoder":
+        batch = {"encoder_input_tokens": _pad(
+            [_tokens(predictor, t, li, True, "input") for t in inputs], li)}
+        if forced is not None:
+            rows = [[0, *f] for f in forced]
+            batch["decoder_input_tokens"] = _pad(rows)
+            batch["prompt_lengths"] = np.asarray([len(r) for r in rows], np.int32)
+        return batch
+    heads = [[0, *_tokens(predictor, t, li, predictor.has_inputs, "input")] for t in inputs]
+    rows = [h + (forced[i] if forced else []) for i, h in enumerate(heads)]
+    batch = {"decoder_input_tokens": _pad(rows),
+             "prompt_lengths": np.asarray([len(r) for r in rows], np.int32)}
+    if predictor.family == "prefix_lm":
+        width = batch["decoder_input_tokens"].shape[1]
+        batch["decoder_causal_attention"] = np.stack(
+            [(np.arange(width) < len(h)).astype(np.int32) for h in heads])
+    return batch
+
+
+def _detokenize(predictor: Predictor, ids: np.ndarray) -> str:
+    ids = [int(i) for i in ids]
+    if EOS_ID in ids:
+        ids = ids[: ids.index(EOS_ID)]
+    return str(predictor.vocabulary.decode([i for i in ids if i != PAD_ID]))
+
+
+def _batches(n: int, batch_size: int, shards: int) -> tuple[int, list[range]]:
+    """Rows per padded batch (a multiple of `shards`) and the index ranges of each batch."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    rows = math.ceil(min(batch_size, max(n, 1)) / shards) * shards
+    return rows, [range(s, min(s + rows, n)) for s in range(0, n, rows)]
+
+
+def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Pads every array to `rows` rows by repeating the first row (keeps prompts valid)."""
+    return {k: np.concatenate([v, np.repeat(v[:1], rows - len(v), axis=0)]) if len(v) < rows
+            else v for k, v in batch.items()}
+
+
+# Predict and score -----------------------------------------------------------------------------
+def predict(predictor: Predictor, inputs: Sequence[str], *,
+            decoder_prompts: Sequence[str] | None = None, method: str = "greedy",
+            max_decode_length: int | None = None, batch_size: int = 32, num_decodes: int = 1,
+            seed: int = 0, **decode_options: Any) -> list[dict[str, Any]]:
+    """Decodes every input; returns `[{'input', 'output', 'score'}]` in input order.
+
+    `output` is the best decode (text up to EOS), `score` its `decoding.decode` score (log-prob;
+    beam: length-normalised); with `num_decodes > 1` also `outputs` / `scores` (best first).
+    `decoder_prompts[i]` (text) forces the first decoder tokens of example i; `output` is then
+    what follows them. `decode_options`: `temperature`, `top_k`, `top_p` (sample), `alpha`,
+    `num_beams` (beam). `max_decode_length` defaults to the training target length.
+    """
+    inputs = list(inputs)
+    if decoder_prompts is not None and len(decoder_prompts) != len(inputs):
+        raise ValueError(f"{len(decoder_prompts)} decoder_prompts for {len(inputs)} inputs")
+    if num_decodes < 1 or (method == "greedy" and num_decodes != 1):
+        raise ValueError(f"num_decodes={num_decodes} (greedy decodes once)")
+    options = dict(decode_options)
+    if method == "sample":
+        options["num_decodes"] = num_decodes
+    elif method == "beam":
+        options["num_beams"] = max(options.get("num_beams", 4), num_decodes)
+        options["num_decodes"] = num_decodes
+    length = max_decode_length or predictor.target_length
+    shards = P.batch_shard_count(predictor.mesh, predictor.rules)
+    rows, chunks = _batches(len(inputs), batch_size, shards)
+    rng = jax.random.key(seed)
+    results: list[dict[str, Any]] = []
+    for b, chunk in enumerate(chunks):
+        prompts = [decoder_prompts[i] for i in chunk] if decoder_prompts is not None else None
+        batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], prompts), rows)
+        with P.partitioning_context(predictor.mesh, predictor.rules):
+            out = decoding.decode(predictor.model, predictor.params, batch, method=method,
+                                  max_decode_length=length, rng=jax.random.fold_in(rng, b),
+                                  **options)
+        tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
+        for j, i in enumerate(chunk):
+            texts = [_detokenize(predictor, t) for t in tokens[j]]
+            row = {"input": inputs[i], "output": texts[0], "score": float(scores[j, 0])}
+            if num_decodes > 1:
+                row.update(outputs=texts, scores=[float(s) for s in scores[j]])
+            results.append(row)
+    _warn_truncated(predictor, len(inputs))
+    return results
+
+
+def _score_batch(predictor: Predictor, inputs: Sequence[str],
+                 targets: Sequence[str]) -> dict[str, np.ndarray]:
+    """A teacher-forced batch as the feature converters build it (unpacked)."""
+    li, lt = predictor.input_length, predictor.target_length
+    tgt = [_tokens(predictor, t, lt, True, "target") for t in targets]
+    if predictor.family == "encoder_decoder":
+        dec = _pad(tgt, lt)
+        return {"encoder_input_tokens": _pad(
+                    [_tokens(predictor, t, li, True, "input") for t in inputs], li),
+                "decoder_target_tokens": dec,
+                "decoder_input_tokens": np.pad(dec[:, :-1], ((0, 0), (1, 0))),
+                "decoder_loss_weights": (dec > 0).astype(np.int32)}
+    heads = [_tokens(predictor, t, li, predictor.has_inputs, "input") for t in inputs]
+    width = (li if predictor.has_inputs else 0) + lt
+    seq = _pad([h + t for h, t in zip(heads, tgt, strict=True)], width)
+    weights = np.zeros_like(seq)
+    causal = np.zeros_like(seq)
+    for i, (h, t) in enumerate(zip(heads, tgt, strict=True)):
+        weights[i, len(h): len(h) + len(t)] = 1
+        causal[i, : len(h) + 1] = 1
+    batch = {"decoder_target_tokens": seq, "decoder_input_tokens": np.pad(seq[:, :-1],
+             ((0, 0), (1, 0))), "decoder_loss_weights": weights,
+             "decoder_segment_ids": (np.arange(width)[None] < np.asarray(
+                 [len(h) + len(t) for h, t in zip(heads, tgt, strict=True)])[:, None]
+             ).astype(np.int32)}
+    if predictor.family == "prefix_lm":
+        batch["decoder_causal_attention"] = causal
+    return batch
+
+
+_SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
+
+
+def score(predictor: Predictor, inputs: Sequence[str], targets: Sequence[str], *,
+          batch_size: int = 32) -> list[float]:
+    """Log-likelihood (nats) of each target (+ EOS) given its input, via `model.score`."""
+    if len(inputs) != len(targets):
+        raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
+    if predictor.model not in _SCORE_FNS:
+        _SCORE_FNS[predictor.model] = jax.jit(predictor.model.score)
+    fn = _SCORE_FNS[predictor.model]
+    shards = P.batch_shard_count(predictor.mesh, predictor.rules)
+    rows, chunks = _batches(len(inputs), batch_size, shards)
+    out: list[float] = []
+    for chunk in chunks:
+        batch = _pad_rows(_score_batch(predictor, [inputs[i] for i in chunk],
+                                       [targets[i] for i in chunk]), rows)
+        with P.partitioning_context(predictor.mesh, predictor.rules):
+            values = np.asarray(fn(predictor.params, batch))
+        out.extend(float(v) for v in values[: len(chunk)])
+    _warn_truncated(predictor, len(inputs))
+    return out
+
+
+# CLI -------------------------------------------------------------------------------------------
+def read_inputs(path: str) -> list[dict[str, str]]:
+    """`{'inputs'[, 'targets']}` rows of a .txt (one input per non-empty line) or .jsonl file
+    (field 'inputs', optional 'targets'). Empty / non-UTF-8 / malformed files: InferenceError."""
+    import json
+
+    if not os.path.isfile(path):
+        raise InferenceError(f"input file not found: {path}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InferenceError(f"{path} is not UTF-8: invalid byte 0x{raw[err.start]:02x} at byte "
+                             f"offset {err.start}") from err
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise InferenceError(f"input file {path} is empty (no non-blank lines)")
+    if not path.endswith(".jsonl"):
+        return [{"inputs": line} for _, line in lines]
+    rows = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InferenceError(f"{path}:{n}: invalid JSON ({err.msg})") from err
+        if not isinstance(row, dict) or not isinstance(row.get("inputs"), str):
+            raise InferenceError(f"{path}:{n}: expected an object with a string field 'inputs'")
+        if "targets" in row and not isinstance(row["targets"], str):
+            raise InferenceError(f"{path}:{n}: field 'targets' must be a string")
+        rows.append({k: row[k] for k in ("inputs", "targets") if k in row})
+    return rows
+
+
+def task_examples(name: str, split: str, predictor: Predictor,
+                  num_examples: int | None = None) -> list[dict[str, str]]:
+    """Text examples of a task split: downstream tasks via `downstream.load_examples`, other
+    seqio tasks by detokenizing their (unshuffled) `inputs`/`targets` features."""
+    from t5x_like import data
+
+    try:
+        from t5x_like.data import downstream
+    except ImportError:
+        downstream = None
+    if downstream is not None and name in downstream.SUITE:
+        try:
+            rows = downstream.load_examples(name, split)
+        except (KeyError, ValueError) as err:
+            raise InferenceError(f"task {name}: {err}") from err
+        return rows[:num_examples] if num_examples else rows
+    try:
+        task = data.get_task(name, predictor.vocabulary_name)
+        ds = task.get_dataset(sequence_length=predictor.sequence_length, split=split,
+                              shuffle=False, num_epochs=1)
+    except (KeyError, ValueError) as err:
+        raise InferenceError(f"task {name!r} split {split!r}: {err}") from err
+    if num_examples:
+        ds = ds.take(num_examples)
+    rows = []
+    for ex in ds.as_numpy_iterator():
+        row = {"targets": _detokenize(predictor, ex["targets"])}
+        row["inputs"] = _detokenize(predictor, ex["inputs"]) if "inputs" in ex else ""
+        rows.append(row)
+    if not rows:
+        raise InferenceError(f"task {name!r} split {split!r} has no examples")
+    return rows
+
+
+def build_parser() -> Any:
+    """Flags of `python -m t5x_like.infer` (`--gin.K=V` is handled by cli.split_gin_flags)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m t5x_like.infer",
+                                description="Decode (and score) text with a trained model.")
+    p.add_argument("--checkpoint", required=True, help="model dir or model_dir/checkpoints/STEP")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input_file", help=".txt (one input per line) or .jsonl ('inputs', "
+                     "optional 'targets': also scored)")
+    src.add_argument("--task", help="a registered task (downstream_* or a seqio task)")
+    p.add_argument("--split", default="test", help="task split (default: test)")
+    p.add_argument("--num_examples", type=int, default=None, help="first N task examples")
+    p.add_argument("--output_file", required=True, help="JSONL written here")
+    p.add_argument("--method", choices=("greedy", "sample", "beam"), default="greedy")
+    p.add_argument("--num_decodes", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--alpha", type=float, default=None, help="beam length penalty (0.6)")
+    p.add_argument("--num_beams", type=int, default=None)
+    p.add_argument("--max_decode_length", type=int, default=None)
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mesh_shape", default=None, help="e.g. 1,-1,1 (data,fsdp,model)")
+    p.add_argument("--partitioning", default=None, help="logical_axis_rules preset")
+    p.add_argument("--gin_file", action="append", default=[])
+    p.add_argument("--gin_bindings", action="append", default=[])
+    p.add_argument("--gin_search_paths", action="append", default=[])
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """CLI entry point; returns the exit status (2: bad checkpoint, input, task or config)."""
+    import json
+    import sys
+    import time
+
+    try:
+        rest, gin_flags = cli.split_gin_flags(argv)
+        args = build_parser().parse_args(rest)
+        start = time.perf_counter()
+        mesh = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
+        rows = read_inputs(args.input_file) if args.input_file else None
+        predictor = load_predictor(
+            args.checkpoint, gin_files=args.gin_file, step=args.step, mesh_shape=mesh,
+            gin_bindings=[*args.gin_bindings, *gin_flags], partitioning=args.partitioning,
+            gin_search_paths=args.gin_search_paths)
+        if rows is None:
+            rows = task_examples(args.task, args.split, predictor, args.num_examples)
+        options = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "alpha",
+                                                 "num_beams") if getattr(args, k) is not None}
+        preds = predict(predictor, [r["inputs"] for r in rows], method=args.method,
+                        max_decode_length=args.max_decode_length, batch_size=args.batch_size,
+                        num_decodes=args.num_decodes, seed=args.seed, **options)
+        scored = [i for i, r in enumerate(rows) if "targets" in r]
+        target_scores = score(predictor, [rows[i]["inputs"] for i in scored],
+                              [rows[i]["targets"] for i in scored], batch_size=args.batch_size)
+    except (InferenceError, cli.ConfigError, C.CheckpointMismatchError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for i, value in zip(scored, target_scores, strict=True):
+        preds[i]["targets"] = rows[i]["targets"]
+        preds[i]["target_score"] = value
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_file)), exist_ok=True)
+    with open(args.output_file, "w", encoding="utf-8") as f:
+        for p in preds:
+            row = {"inputs": p.pop("input"), **p}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"[t5x_like.infer] {len(preds)} predictions (step {predictor.step}) -> "
+          f"{args.output_file} in {time.perf_counter() - start:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+"""`t5x_like.evaluate`: a real fine-tune of the tiny model on the spam task, results, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from t5x_like import evaluate
+from t5x_like.data import downstream
+
+#: Smallest settings that reliably beat the baseline here (measured: macro-F1 60.5 vs 41.9,
+#: accuracy 77.4 vs 72.1): 100 steps, batch 16, inputs cut to 64 tokens, lr 1e-2.
+FAST = ["constant_schedule.learning_rate = 0.01",
+        "train.sequence_length = {'inputs': 64, 'targets': 4}",
+        "train.batch_size = 16", "train.tensorboard = False"]
+
+
+def test_finetune_beats_majority_baseline_on_spam_and_resumes(pretrained_dir, tmp_path):
+    out = tmp_path / "eval"
+    results = evaluate.evaluate_checkpoint(pretrained_dir, str(out), tasks=["downstream_spam"],
+                                           finetune_steps=100, gin_bindings=FAST)
+    spam = results["tasks"]["downstream_spam"]
+    assert spam["score"] > spam["baseline"], spam
+    assert spam["num_examples"] == len(downstream.load_examples("downstream_spam", "test"))
+    assert set(spam["metrics"]) >= {"accuracy", "f1_macro", "score"}
+    on_disk = json.loads((out / "results.json").read_text())
+    assert set(on_disk) >= {"checkpoint", "step", "tasks", "suite_average", "finetune"}
+    assert on_disk["step"] == 20 and on_disk["suite_average"] == spam["score"]
+    assert on_disk["finetune"]["runs"][0]["trained"] and on_disk["finetune"]["steps"] == 100
+    table = (out / "results.md").read_text().splitlines()
+    assert table[2] == "| model | spam | suite average |"
+    assert f"| {spam['score']:.2f} | {spam['score']:.2f} |" in table[4]
+    assert table[5].startswith("| majority baseline | ")
+    preds = (out / "predictions" / "downstream_spam.jsonl").read_text().splitlines()
+    assert len(preds) == spam["num_examples"]
+
+    ckpt = out / "finetune" / "downstream_spam" / "checkpoints" / "100"
+    mtime = os.stat(ckpt).st_mtime_ns
+    again = evaluate.evaluate_checkpoint(pretrained_dir, str(out), tasks=["downstream_spam"],
+                                         finetune_steps=100, gin_bindings=FAST)
+    assert not again["finetune"]["runs"][0]["trained"]
+    assert os.stat(ckpt).st_mtime_ns == mtime
+    assert again["tasks"]["downstream_spam"]["score"] == spam["score"]
+
+
+def test_cli_errors(tmp_path, pretrained_dir, capsys):
+    out = f"--out_dir={tmp_path / 'o'}"
+    (tmp_path / "no_ckpt").mkdir()
+    (tmp_path / "no_ckpt" / "config.gin").write_text("")
+    cases = [
+        ([f"--checkpoint={tmp_path / 'missing'}"], "not found"),
+        ([f"--checkpoint={tmp_path}"], "no config.gin"),
+        ([f"--checkpoint={tmp_path / 'no_ckpt'}"], "no complete checkpoint"),
+        ([f"--checkpoint={pretrained_dir}", "--tasks=downstream_spamm"], "downstream_spam"),
+    ]
+    for argv, message in cases:
+        assert evaluate.main([*argv, out]) == 2, argv
+        assert message in capsys.readouterr().err, argv

@@ -1,0 +1,162 @@
+"""`t5x_like.infer`: predictor loading, predict/score vs the model API, sharded decoding, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from t5x_like import infer
+from t5x_like.models import decoding
+
+TEXTS = ["The cat sat on the <extra_id_0> and then it ran away.", "Hello world",
+         "A third, somewhat longer input about the history of the State of the Union."]
+
+
+@pytest.fixture(scope="module")
+def predictor(pretrained_dir: str) -> infer.Predictor:
+    return infer.load_predictor(pretrained_dir)
+
+
+def host(tree):
+    """Params as host numpy arrays: decoding them runs on one device."""
+    return jax.tree.map(np.asarray, tree)
+
+
+def encoder_batch(pred: infer.Predictor, texts: list[str]) -> dict:
+    li = pred.input_length
+    rows = np.zeros((len(texts), li), np.int32)
+    for i, t in enumerate(texts):
+        ids = [*pred.vocabulary.encode(t)][: li - 1] + [1]
+        rows[i, : len(ids)] = ids
+    return {"encoder_input_tokens": rows}
+
+
+def text_of(pred: infer.Predictor, tokens: np.ndarray) -> str:
+    ids = [int(t) for t in tokens]
+    ids = ids[: ids.index(1)] if 1 in ids else ids
+    return pred.vocabulary.decode([i for i in ids if i])
+
+
+def test_load_predictor_reads_config_and_latest_step(predictor, pretrained_dir):
+    assert predictor.step == 20 and predictor.family == "encoder_decoder"
+    assert predictor.sequence_length == {"inputs": 64, "targets": 16}
+    assert predictor.vocabulary_name == "c4like_8k" and predictor.model.config.emb_dim == 32
+    by_step_dir = infer.load_predictor(f"{pretrained_dir}/checkpoints/20")
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), host(predictor.params),
+                        host(by_step_dir.params))
+    assert all(jax.tree.leaves(same))
+
+
+@pytest.mark.parametrize("method,options", [("greedy", {}), ("beam", {"num_decodes": 2})])
+def test_predict_reproduces_decode(predictor, method, options):
+    preds = infer.predict(predictor, TEXTS, method=method, batch_size=8, **options)
+    kwargs = {"num_beams": 4, "num_decodes": 2} if method == "beam" else {}
+    direct = decoding.decode(predictor.model, host(predictor.params),
+                             encoder_batch(predictor, TEXTS), method=method,
+                             max_decode_length=16, **kwargs)
+    for i, p in enumerate(preds):
+        assert p["input"] == TEXTS[i]
+        assert p["output"] == text_of(predictor, np.asarray(direct["tokens"])[i, 0])
+        assert p["score"] == pytest.approx(float(direct["scores"][i, 0]), abs=1e-4)
+        if method == "beam":
+            assert len(p["outputs"]) == 2 and p["scores"][0] >= p["scores"][1]
+
+
+@pytest.mark.parametrize("mesh_shape,preset", [((1, 8, 1), "fsdp"),
+                                               ((2, 1, 4), "tensor_parallel")])
+def test_sharded_predictor_decodes_like_single_device(pretrained_dir, predictor, mesh_shape,
+                                                      preset):
+    sharded = infer.load_predictor(pretrained_dir, mesh_shape=mesh_shape, partitioning=preset)
+    specs = [leaf.sharding.spec for leaf in jax.tree.leaves(sharded.params)]
+    assert any(any(axis is not None for axis in spec) for spec in specs)  # really sharded
+    single = decoding.decode(predictor.model, host(predictor.params),
+                             encoder_batch(predictor, TEXTS), max_decode_length=16)
+    outputs = [p["output"] for p in infer.predict(sharded, TEXTS, batch_size=8)]
+    assert outputs == [text_of(predictor, t[0]) for t in np.asarray(single["tokens"])]
+
+
+def test_forced_decoder_prompt(predictor):
+    prompts = ["the", "spam or"]
+    preds = infer.predict(predictor, TEXTS[:2], decoder_prompts=prompts, batch_size=8)
+    batch = encoder_batch(predictor, TEXTS[:2])
+    forced = [[0, *predictor.vocabulary.encode(p)] for p in prompts]
+    batch["decoder_input_tokens"] = np.zeros((2, max(map(len, forced))), np.int32)
+    for i, f in enumerate(forced):
+        batch["decoder_input_tokens"][i, : len(f)] = f
+    batch["prompt_lengths"] = np.asarray([len(f) for f in forced], np.int32)
+    direct = decoding.decode(predictor.model, host(predictor.params), batch,
+                             max_decode_length=16)
+    for i, p in enumerate(preds):
+        assert p["output"] == text_of(predictor, np.asarray(direct["tokens"])[i, 0])
+        assert p["score"] == pytest.approx(float(direct["scores"][i, 0]), abs=1e-4)
+
+
+def test_score_matches_model_score(predictor):
+    targets_text = ["the cat", "spam", "a somewhat longer target sentence"]
+    scores = infer.score(predictor, TEXTS, targets_text, batch_size=2)
+    batch = encoder_batch(predictor, TEXTS)
+    targets = np.zeros((3, 16), np.int32)
+    for i, t in enumerate(targets_text):
+        ids = [*predictor.vocabulary.encode(t)][:15] + [1]
+        targets[i, : len(ids)] = ids
+    batch.update(decoder_target_tokens=targets,
+                 decoder_input_tokens=np.pad(targets[:, :-1], ((0, 0), (1, 0))))
+    expected = np.asarray(jax.jit(predictor.model.score)(host(predictor.params), batch))
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
+    assert all(s < 0 for s in scores)
+
+
+def test_cli_txt_and_jsonl(tmp_path, pretrained_dir, predictor):
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(TEXTS[:2]) + "\n\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert infer.main([f"--checkpoint={pretrained_dir}", f"--input_file={txt}",
+                       f"--output_file={out}", "--batch_size=8"]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    expected = infer.predict(predictor, TEXTS[:2], batch_size=8)
+    assert [r["inputs"] for r in rows] == TEXTS[:2]
+    assert [r["output"] for r in rows] == [p["output"] for p in expected]
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text(json.dumps({"inputs": TEXTS[0], "targets": "cat"}) + "\n"
+                     + json.dumps({"inputs": TEXTS[1]}) + "\n", encoding="utf-8")
+    assert infer.main([f"--checkpoint={pretrained_dir}", f"--input_file={jsonl}",
+                       f"--output_file={out}", "--method=beam", "--num_decodes=2",
+                       "--batch_size=8"]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rows[0]["targets"] == "cat" and "target_score" not in rows[1]
+    assert rows[0]["target_score"] == pytest.approx(
+        infer.score(predictor, [TEXTS[0]], ["cat"])[0], abs=1e-4)
+    assert len(rows[1]["outputs"]) == 2
+
+
+def test_cli_task_split(tmp_path, pretrained_dir):
+    out = tmp_path / "task.jsonl"
+    assert infer.main([f"--checkpoint={pretrained_dir}", "--task=downstream_spam",
+                       "--split=validation", "--num_examples=3", f"--output_file={out}"]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 3 and all(r["targets"] in ("spam", "ham") for r in rows)
+
+
+def test_cli_errors(tmp_path, pretrained_dir, capsys):
+    out = f"--output_file={tmp_path / 'o.jsonl'}"
+    good = tmp_path / "ok.txt"
+    good.write_text("hi\n", encoding="utf-8")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n", encoding="utf-8")
+    binary = tmp_path / "bad.txt"
+    binary.write_bytes(b"abc\xffdef\n")
+    cases = [
+        ([f"--checkpoint={tmp_path / 'missing'}", f"--input_file={good}"], "not found"),
+        ([f"--checkpoint={tmp_path}", f"--input_file={good}"], "no config.gin"),
+        ([f"--checkpoint={pretrained_dir}", f"--input_file={empty}"], "is empty"),
+        ([f"--checkpoint={pretrained_dir}", f"--input_file={binary}"], "byte offset 3"),
+        ([f"--checkpoint={pretrained_dir}", "--task=downstream_spamm"], "downstream_spam"),
+        ([f"--checkpoint={pretrained_dir}", f"--input_file={good}", "--gin.nope.x=1"],
+         "invalid gin config"),
+    ]
+    for argv, message in cases:
+        assert infer.main([*argv, out]) == 2, argv
+        assert message in capsys.readouterr().err, argv
