@@ -104,6 +104,29 @@ def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int
 
 
 @gin.configurable
+def fsdp_tp_mesh_shape(
+    model_parallelism: int = 8,
+    num_devices: int | None = None,
+    devices_per_host: int | None = None,
+) -> tuple[int, int, int]:
+    """``(1, fsdp, model)`` for FSDP + tensor parallelism, chosen from the device count.
+
+    ``model`` = gcd(model_parallelism, devices per host), so the tensor-parallel axis never
+    leaves a host (its collectives run every layer); ``fsdp`` takes the rest. Device counts
+    default to ``jax.device_count()`` / ``jax.local_device_count()``. Used by
+    ``gin/sharding/fsdp_tp.gin`` as ``create_mesh.mesh_shape = @fsdp_tp_mesh_shape()``.
+    """
+    if model_parallelism < 1:
+        raise ValueError(f"fsdp_tp_mesh_shape.model_parallelism={model_parallelism} must be >= 1")
+    total = jax.device_count() if num_devices is None else int(num_devices)
+    local = jax.local_device_count() if devices_per_host is None else int(devices_per_host)
+    if devices_per_host is None and num_devices is not None:
+        local = total
+    model = math.gcd(model_parallelism, local, total)
+    return (1, total // model, model)
+
+
+@gin.configurable
 def create_mesh(
     mesh_shape: Sequence[int] = (-1, 1, 1), devices: Sequence[jax.Device] | None = None
 ) -> Mesh:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -54,3 +56,47 @@ def test_two_processes_agree_on_loss_and_write_one_checkpoint(tmp_path, compile_
     assert steps == ["3"]
     assert (model_dir / "data_state" / "3" / "process_0").exists()
     assert (model_dir / "data_state" / "3" / "process_1").exists()
+
+
+def test_fsdp_tp_preset_through_the_manual_launcher(tmp_path, compile_cache) -> None:
+    """gin/sharding/fsdp_tp.gin on 2 processes x 4 devices, started by
+    scripts/slurm/launch_manual.sh: mesh (1, 2, 4) (the model axis stays inside a process),
+    tensor_parallel_2d rules; trains, checkpoints, and both processes see the same losses."""
+    port = _free_port()
+    model_dir = tmp_path / "fsdp_tp"
+    train_args = train_cmd(
+        model_dir,
+        "train.sequence_length = {'inputs': 32, 'targets': 8}", "train.batch_size = 8",
+        "train.num_train_steps = 2", "train.checkpoint_every = 2", "train.log_every = 1",
+        "train.eval_every = 0", "TransformerConfig.num_heads = 4",  # divisible by model=4
+        gin_files=("gin/runs/quickstart.gin", "gin/sharding/fsdp_tp.gin"),
+    )[3:]  # drop `python -m t5x_like.train`: the launcher adds it
+    env = subprocess_env(4, compile_cache)
+    env["PYTHON"] = sys.executable
+    procs = [
+        subprocess.Popen(
+            ["bash", str(REPO / "scripts/slurm/launch_manual.sh"),
+             f"--coordinator_address=localhost:{port}", "--num_processes=2",
+             f"--process_id={pid}", "--", *train_args],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for pid in range(2)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    assert "mesh(data=1, fsdp=2, model=4) on 8x cpu; 2 process(es)" in outs[0]
+    losses = re.findall(r"step \d+/2 \| loss ([0-9.]+)", outs[0])  # process 0 logs
+    assert len(losses) == 2 and all(math.isfinite(float(x)) and float(x) > 0 for x in losses)
+    finals = [re.search(r"process (\d)/2 done: final loss ([0-9.]+)", o) for o in outs]
+    assert all(finals) and {m.group(1) for m in finals} == {"0", "1"}
+    assert finals[0].group(2) == finals[1].group(2)
+    assert (model_dir / "checkpoints" / "2").is_dir()
+    assert {p.name for p in (model_dir / "data_state" / "2").iterdir()} == {"process_0",
+                                                                            "process_1"}

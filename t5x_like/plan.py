@@ -1,0 +1,468 @@
+"""Per-device memory and FLOP planner: will a config fit a mesh, and with which remat policy?
+
+``plan(config, batch_size=..., sequence_length=..., mesh_shape=..., preset=..., optimizer=...,
+remat=...)`` computes, per device and without allocating anything:
+
+- parameters and optimizer state: ``jax.eval_shape`` of the model init and of the optimizer's
+  ``init``, partitioned with ``train.partitioning``'s own rules (``param_shardings`` /
+  ``derived_state_shardings``) on an ``AbstractMesh`` of the requested shape, so no devices are
+  needed; each leaf's shard shape is exact (an indivisible dimension stays replicated, as in
+  training);
+- gradients: fp32 like the parameters and sharded like them (twice that with microbatching:
+  the accumulator and the current microbatch's gradients);
+- all-gathered weights: with sharded parameters, two layers' full weights in the activation
+  dtype (the layer being computed and the next one being gathered);
+- activations: the residuals ``jax.vjp`` of the loss saves for the backward pass, read off the
+  traced jaxpr (inputs excluded) for each ``remat_policy``, at the per-device microbatch. The
+  trace uses 1 and 2 layers and extrapolates linearly (layers are identical), so the 11B
+  configs take seconds. Batch-led residuals are activations (divided by the ``model`` axis for
+  the tensor-parallel presets when a dimension is a head / MLP / vocabulary size); the rest
+  (bf16 weight casts, bias tables) scale like the parameter shards. With remat, one layer's
+  un-rematerialised residuals are added for the recomputation during the backward pass;
+- FLOPs per step: ``model.flops_per_sequence`` x batch, plus what each remat policy recomputes.
+
+What it leaves out: XLA's own temporaries (collective buffers, fusion workspaces), the fp32
+logits gradient, allocator fragmentation. ``tests/test_plan.py`` compares against
+``jax.jit(train_step).lower(...).compile().memory_analysis()`` on CPU fake devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh
+
+from t5x_like.models import TransformerConfig, make_model
+from t5x_like.models.config import REMAT_POLICIES
+from t5x_like.train import partitioning as P
+from t5x_like.train.optimizers import Optimizer, create_optimizer
+from t5x_like.train.train_step import dummy_batch
+
+GIB = 1024**3
+#: Presets whose activation rules put heads / MLP / vocabulary on the ``model`` axis.
+_TP_PRESETS = ("tensor_parallel", "tensor_parallel_2d")
+
+
+def _mesh(mesh_shape: Sequence[int], num_devices: int | None) -> tuple[int, int, int]:
+    shape = [int(s) for s in mesh_shape]
+    if -1 in shape and num_devices is None:
+        raise ValueError(f"mesh_shape {tuple(shape)} has a -1 entry: give num_devices")
+    n = num_devices if num_devices is not None else math.prod(shape)
+    return P.resolve_mesh_shape(shape, n)
+
+
+def _shard_bytes(abstract: Any, shardings: Any) -> int:
+    leaves = jax.tree.leaves(abstract)
+    shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    total = 0
+    for a, s in zip(leaves, shards, strict=True):
+        total += math.prod(s.shard_shape(a.shape)) * jnp.dtype(a.dtype).itemsize
+    return total
+
+
+def _global_bytes(abstract: Any) -> int:
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(abstract))
+
+
+#: Per-device batch the residuals are traced at (they are linear in it; 2 keeps batch-led
+#: arrays recognisable by their leading dimension).
+_TRACE_BATCH = 2
+
+
+@functools.lru_cache(maxsize=256)
+def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
+               packed: bool) -> tuple[Any, ...]:
+    """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (inputs excluded)."""
+    model = make_model(config)
+    lengths = dict(sequence_length)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
+             dummy_batch(config.family, lengths, _TRACE_BATCH, packed).items()}
+    small = dummy_batch(config.family, {k: 8 for k in lengths}, 1, False)
+    params = jax.eval_shape(
+        lambda r: nn.unbox(model.init_variables(r, small)["params"]), jax.random.key(0))
+    rng = jax.random.key(1) if config.dropout_rate > 0 else None
+
+    def saved(p: Any, b: Any) -> list[jax.Array]:
+        _, vjp = jax.vjp(lambda q: model.loss_fn(q, b, rng)[0], p)
+        return jax.tree.leaves(vjp)
+
+    jaxpr = jax.make_jaxpr(saved)(params, batch).jaxpr
+    inputs = {id(v) for v in jaxpr.invars}
+    seen: set[int] = set()
+    out = []
+    for v in jaxpr.outvars:
+        if not hasattr(v, "aval") or id(v) in inputs or id(v) in seen or not v.aval.shape:
+            continue
+        seen.add(id(v))
+        out.append(v.aval)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=32)
+def _boxed_params(config: TransformerConfig, features: tuple[str, ...]) -> Any:
+    """Abstract boxed parameters (``jax.eval_shape`` of the init: nothing is allocated)."""
+    small = dummy_batch(config.family, {k: 8 for k in features}, 1, False)
+    model = make_model(config)
+    return jax.eval_shape(lambda r: model.init_variables(r, small)["params"], jax.random.key(0))
+
+
+def _residual_bytes(avals: Sequence[Any], *, batch_scale: float, model_axis: int, tp: bool,
+                    tp_sizes: set[int], param_ratio: float) -> float:
+    """Per-device bytes of residuals traced at ``_TRACE_BATCH`` (see module docstring)."""
+    total = 0.0
+    for a in avals:
+        nbytes = math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+        if len(a.shape) >= 2 and a.shape[0] == _TRACE_BATCH:
+            if tp and model_axis > 1 and any(d in tp_sizes and d % model_axis == 0
+                                             for d in a.shape[1:]):
+                nbytes /= model_axis
+            total += nbytes * batch_scale
+        else:
+            total += nbytes * param_ratio
+    return total
+
+
+def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
+                     sequence_length: Mapping[str, int], model_axis: int = 1, tp: bool = False,
+                     param_ratio: float = 1.0, packed: bool = True) -> dict[str, float]:
+    """Saved-activation bytes per device for every remat policy, ``{policy: bytes}``.
+
+    Traced with 1-2 layers per stack (cached per config) and extrapolated to the config's
+    layer counts; with remat, one layer's un-rematerialised residuals are added for the
+    recomputation. ``param_ratio``: per-device / global parameter bytes (for weight casts).
+    """
+    # Dimensions the TP rules shard; an `embed`-sized one never counts (activation_embed is
+    # replicated), even when heads x head_dim == emb_dim (a slight overestimate there).
+    joined = {config.num_heads * config.head_dim, config.kv_heads * config.head_dim}
+    tp_sizes = {config.num_heads, config.kv_heads, config.mlp_dim, config.vocab_size,
+                *joined} - {config.emb_dim}
+    enc_dec = config.family == "encoder_decoder"
+    shared = config.shared_encoder_decoder
+    if enc_dec and not shared:
+        variants = {"base": (1, 1), "enc": (2, 1), "dec": (1, 2)}
+    elif enc_dec:
+        variants = {"base": (1, 1), "pair": (2, 2)}
+    else:
+        variants = {"base": (0, 1), "dec": (0, 2)}
+    lengths = tuple(sorted((k, int(v)) for k, v in sequence_length.items()))
+    measured: dict[str, dict[str, float]] = {}
+    for policy in REMAT_POLICIES:
+        per: dict[str, float] = {}
+        for name, (ne, nd) in variants.items():
+            cfg = config.replace(num_encoder_layers=ne, num_decoder_layers=nd,
+                                 remat_policy=policy, scan_layers=False)
+            per[name] = _residual_bytes(
+                _residuals(cfg, lengths, packed), batch_scale=per_device_batch / _TRACE_BATCH,
+                model_axis=model_axis, tp=tp, tp_sizes=tp_sizes, param_ratio=param_ratio)
+        measured[policy] = per
+    out: dict[str, float] = {}
+    for policy, per in measured.items():
+        base = per["base"]
+        if "pair" in per:
+            total = base + (config.num_decoder_layers - 1) * (per["pair"] - base)
+        else:
+            total = base + (config.num_decoder_layers - 1) * (per["dec"] - base)
+            if "enc" in per:
+                total += (config.num_encoder_layers - 1) * (per["enc"] - base)
+        if policy != "none":
+            none = measured["none"]
+            total += max(none[k] - none["base"] for k in none if k != "base")
+        out[policy] = max(total, 0.0)
+    return out
+
+
+def gathered_weight_bytes(params: Any, dtype: Any, sharded: bool, model_axis: int = 1) -> float:
+    """FSDP all-gather buffers: twice (this layer + the prefetched next) the largest layer's
+    (or non-layer parameter's) weights in the activation ``dtype``, divided by the
+    tensor-parallel ``model_axis`` (those shards are never gathered); 0 when unsharded."""
+    if not sharded:
+        return 0.0
+    groups: dict[tuple[str, ...], int] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        names = tuple(str(getattr(k, "key", k)) for k in path)
+        cut = next((i for i, n in enumerate(names) if n.startswith("layers_")), None)
+        key = names if cut is None else names[: cut + 1]
+        groups[key] = groups.get(key, 0) + math.prod(leaf.shape)
+    return 2.0 * max(groups.values()) * jnp.dtype(dtype).itemsize / model_axis
+
+
+def _attention_flops(config: TransformerConfig, sequence_length: Mapping[str, int]) -> float:
+    """The attention-matrix part of ``flops_per_sequence`` (score + mix, forward + backward)."""
+    hd = config.num_heads * config.head_dim
+    if config.family == "encoder_decoder":
+        li, lt = sequence_length["inputs"], sequence_length["targets"]
+        return 12.0 * hd * (config.num_encoder_layers * li * li
+                            + config.num_decoder_layers * (lt * lt + lt * li))
+    length = sequence_length.get("inputs", 0) + sequence_length["targets"]
+    return 12.0 * hd * config.num_decoder_layers * length * length
+
+
+def _output_flops(config: TransformerConfig, sequence_length: Mapping[str, int]) -> float:
+    length = sequence_length["targets"]
+    if config.family != "encoder_decoder":
+        length += sequence_length.get("inputs", 0)
+    return 6.0 * length * config.emb_dim * config.vocab_size
+
+
+def plan(
+    config: TransformerConfig,
+    *,
+    batch_size: int,
+    sequence_length: Mapping[str, int],
+    mesh_shape: Sequence[int],
+    preset: str = "fsdp",
+    optimizer: str | Optimizer = "adafactor",
+    remat: str | None = None,
+    num_microbatches: int = 1,
+    num_devices: int | None = None,
+    device_memory_gb: float | None = None,
+    packed: bool = True,
+) -> dict[str, Any]:
+    """Per-device memory (bytes) and FLOPs of one training step; see the module docstring.
+
+    ``mesh_shape``: ``(data, fsdp, model)``, one -1 allowed when ``num_devices`` is given.
+    ``remat``: the policy of the ``total_bytes`` line (default ``config.remat_policy``);
+    every policy's activations are reported. ``optimizer``: 'adafactor' / 'adamw' (through
+    ``create_optimizer``, so gin bindings such as ``adafactor.factored`` apply) or an Optimizer.
+    """
+    shape = _mesh(mesh_shape, num_devices)
+    devices = math.prod(shape)
+    remat = config.remat_policy if remat is None else remat
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r}; choose one of {REMAT_POLICIES}")
+    rules = P.logical_axis_rules(preset)
+    amesh = AbstractMesh(shape, P.MESH_AXES)
+    batch_axes = nn.logical_to_mesh_axes(("activation_batch",), rules)[0]
+    shards = math.prod(amesh.shape[a] for a in ((batch_axes,) if isinstance(batch_axes, str)
+                                                else batch_axes or ()))
+    if batch_size % (shards * num_microbatches):
+        raise ValueError(f"batch_size={batch_size} not divisible by {shards} batch shards x "
+                         f"{num_microbatches} microbatches (mesh {shape}, preset {preset!r})")
+    per_device_batch = batch_size // shards // num_microbatches
+
+    model = make_model(config)
+    boxed = _boxed_params(config, tuple(sorted(sequence_length)))
+    logical, param_sh = P.param_shardings(boxed, amesh, rules)
+    params = nn.unbox(boxed)
+    opt = create_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
+    opt_abstract = jax.eval_shape(opt.tx.init, params)
+    opt_sh = P.derived_state_shardings(opt_abstract, params, logical, amesh, rules)
+    param_b, opt_b = _shard_bytes(params, param_sh), _shard_bytes(opt_abstract, opt_sh)
+    grads_b = param_b * (2 if num_microbatches > 1 else 1)
+    global_params = _global_bytes(params)
+    acts = activation_bytes(
+        config, per_device_batch=per_device_batch, sequence_length=sequence_length,
+        model_axis=shape[2], tp=preset in _TP_PRESETS,
+        param_ratio=param_b / max(global_params, 1), packed=packed)
+    gathered = gathered_weight_bytes(params, config.activation_dtype, param_b < global_params,
+                                     shape[2] if preset in _TP_PRESETS else 1)
+    totals = {k: param_b + opt_b + grads_b + gathered + v for k, v in acts.items()}
+
+    flops = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
+    attn = _attention_flops(config, sequence_length) * batch_size
+    layers = flops - _output_flops(config, sequence_length) * batch_size
+    recompute = {"none": 0.0, "dots": 0.0, "minimal": attn / 3.0, "full": layers / 3.0}
+    memory = None if device_memory_gb is None else float(device_memory_gb) * GIB
+    return {
+        "family": config.family,
+        "num_params": sum(math.prod(a.shape) for a in jax.tree.leaves(params)),
+        "mesh": dict(zip(P.MESH_AXES, shape, strict=True)),
+        "num_devices": devices,
+        "preset": preset,
+        "optimizer": optimizer if isinstance(optimizer, str) else "custom",
+        "batch_size": batch_size,
+        "num_microbatches": num_microbatches,
+        "per_device_batch": per_device_batch,
+        "sequence_length": dict(sequence_length),
+        "remat": remat,
+        "bytes_per_device": {
+            "params": param_b, "optimizer_state": opt_b, "gradients": grads_b,
+            "gathered_weights": gathered, "activations": acts, "total": totals,
+        },
+        "global_bytes": {"params": global_params, "optimizer_state": _global_bytes(opt_abstract)},
+        "total_bytes": totals[remat],
+        "device_memory_bytes": memory,
+        "fits": None if memory is None else totals[remat] <= memory,
+        "flops_per_step": flops,
+        "flops_per_device_per_step": flops / devices,
+        "recompute_flops_per_step": recompute,
+    }
+
+
+def preset_mesh(preset: str, num_devices: int, devices_per_host: int = 8,
+                model_parallelism: int = 8) -> tuple[tuple[int, int, int], str]:
+    """Mesh shape and rules preset of a ``gin/sharding/<preset>.gin`` file for a device count."""
+    if preset == "data_parallel":
+        return (num_devices, 1, 1), "data_parallel"
+    if preset == "fsdp":
+        return (1, num_devices, 1), "fsdp"
+    if preset == "fsdp_tp":
+        shape = P.fsdp_tp_mesh_shape(model_parallelism, num_devices,
+                                     min(devices_per_host, num_devices))
+        return shape, "tensor_parallel_2d"
+    raise ValueError(f"preset={preset!r}; choose one of data_parallel, fsdp, fsdp_tp")
+
+
+def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
+              sequence_length: Mapping[str, int], device_memory_gb: float,
+              optimizer: str = "adafactor", devices_per_host: int = 8,
+              headroom: float = 0.9) -> dict[str, Any] | None:
+    """The first plan that fits ``headroom`` x memory, trying the cheapest communication first:
+    data_parallel, fsdp, fsdp_tp; per preset no remat, 'minimal', 'full', then doubling the
+    microbatches. Its ``sharding`` key names the ``gin/sharding`` file. None if nothing fits."""
+    for name in ("data_parallel", "fsdp", "fsdp_tp"):
+        shape, preset = preset_mesh(name, num_devices, devices_per_host)
+        shards = shape[0] * shape[1]
+        if batch_size % shards:
+            continue
+        mb = 1
+        while batch_size % (shards * mb) == 0:
+            result = plan(config, batch_size=batch_size, sequence_length=sequence_length,
+                          mesh_shape=shape, preset=preset, optimizer=optimizer,
+                          num_microbatches=mb, device_memory_gb=device_memory_gb)
+            for policy in ("none", "minimal", "full"):
+                if result["bytes_per_device"]["total"][policy] <= headroom * device_memory_gb * GIB:
+                    result.update(remat=policy, sharding=name,
+                                  total_bytes=result["bytes_per_device"]["total"][policy])
+                    result["fits"] = True
+                    return result
+            mb *= 2
+    return None
+
+
+def format_plan(result: Mapping[str, Any]) -> str:
+    """A human-readable table of ``plan``'s result."""
+    b = result["bytes_per_device"]
+    gib = lambda x: f"{x / GIB:9.2f} GiB"
+    mesh = ", ".join(f"{k}={v}" for k, v in result["mesh"].items())
+    lines = [
+        f"{result['family']} with {result['num_params'] / 1e9:.3g}B parameters on "
+        f"{result['num_devices']} devices, mesh({mesh}), preset {result['preset']}, "
+        f"{result['optimizer']}",
+        f"batch {result['batch_size']} ({result['per_device_batch']} per device x "
+        f"{result['num_microbatches']} microbatch(es)), lengths {result['sequence_length']}",
+        "",
+        "per device                     bytes",
+        f"  parameters (fp32)        {gib(b['params'])}",
+        f"  optimizer state          {gib(b['optimizer_state'])}",
+        f"  gradients                {gib(b['gradients'])}",
+        f"  all-gathered weights     {gib(b['gathered_weights'])}",
+    ]
+    for policy, act in b["activations"].items():
+        mark = " <-" if policy == result["remat"] else ""
+        lines.append(f"  activations remat={policy:<8}{gib(act)}   total {gib(b['total'][policy])}"
+                     f"{mark}")
+    mem = result.get("device_memory_bytes")
+    if mem:
+        verdict = "fits" if result["fits"] else "does NOT fit"
+        lines.append(f"  total (remat={result['remat']}) {gib(result['total_bytes'])} of "
+                     f"{mem / GIB:.0f} GiB: {verdict}")
+    lines += [
+        "",
+        f"FLOPs/step {result['flops_per_step']:.4g} (per device "
+        f"{result['flops_per_device_per_step']:.4g}); remat={result['remat']} recomputes "
+        f"{result['recompute_flops_per_step'][result['remat']]:.3g} more per step",
+    ]
+    return "\n".join(lines)
+
+
+def _gin_value(key: str, default: Any = None, **kwargs: Any) -> Any:
+    """A gin-bound value; macros and ``@fn()`` references are evaluated (with ``kwargs``)."""
+    try:
+        value = gin.query_parameter(key)
+    except ValueError:
+        return default
+    if isinstance(value, gin.config.ConfigurableReference) and value.evaluate:
+        return value.scoped_configurable_fn(**kwargs)
+    return value
+
+
+def _parse_lengths(text: str) -> dict[str, int]:
+    try:
+        return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError as err:
+        raise ValueError(f"--sequence_length={text!r}: expected e.g. inputs=512,targets=114") \
+            from err
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m t5x_like.plan``; returns the exit status."""
+    from t5x_like.train import cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rest, gin_flags = cli.split_gin_flags(argv)
+    except cli.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    p = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__.split("\n")[0])
+    p.add_argument("--gin_file", action="append", default=[])
+    p.add_argument("--gin_bindings", action="append", default=[])
+    p.add_argument("--mesh", default=None, help="data,fsdp,model (one may be -1); default: gin's")
+    p.add_argument("--num_devices", type=int, default=None)
+    p.add_argument("--devices_per_host", type=int, default=8)
+    p.add_argument("--preset", default=None, help="rules preset; default: gin's")
+    p.add_argument("--optimizer", default=None, choices=("adafactor", "adamw"))
+    p.add_argument("--remat", default=None, choices=REMAT_POLICIES)
+    p.add_argument("--batch_size", type=int, default=None)
+    p.add_argument("--sequence_length", default=None, help="e.g. inputs=512,targets=114")
+    p.add_argument("--num_microbatches", type=int, default=None)
+    p.add_argument("--device_memory_gb", type=float, default=None)
+    p.add_argument("--recommend", action="store_true",
+                   help="search data_parallel/fsdp/fsdp_tp x remat x microbatches (needs "
+                        "--num_devices and --device_memory_gb)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(rest)
+    try:
+        cli.parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags])
+        config = TransformerConfig()
+        lengths = (_parse_lengths(args.sequence_length) if args.sequence_length
+                   else _gin_value("train.sequence_length"))
+        if lengths is None:
+            raise ValueError("no sequence length: bind train.sequence_length or pass "
+                             "--sequence_length=inputs=512,targets=114")
+        batch = args.batch_size or _gin_value("train.batch_size", 128)
+        optimizer = args.optimizer or _gin_value("create_optimizer.name", "adafactor")
+        if args.recommend:
+            if args.num_devices is None or args.device_memory_gb is None:
+                raise ValueError("--recommend needs --num_devices and --device_memory_gb")
+            result = recommend(config, num_devices=args.num_devices, batch_size=batch,
+                               sequence_length=lengths, device_memory_gb=args.device_memory_gb,
+                               optimizer=optimizer, devices_per_host=args.devices_per_host)
+            if result is None:
+                print("nothing fits", file=sys.stderr)
+                return 1
+        else:
+            n = args.num_devices
+            if args.mesh:
+                mesh = [int(x) for x in args.mesh.split(",")]
+            else:
+                per_host = min(args.devices_per_host, n) if n else None
+                mesh = _gin_value("train.mesh_shape") or _gin_value(
+                    "create_mesh.mesh_shape", (-1, 1, 1), num_devices=n, devices_per_host=per_host)
+            preset = (args.preset or _gin_value("train.partitioning")
+                      or _gin_value("logical_axis_rules.preset", "fsdp"))
+            result = plan(config, batch_size=batch, sequence_length=lengths, mesh_shape=mesh,
+                          preset=preset, optimizer=optimizer, remat=args.remat,
+                          num_microbatches=args.num_microbatches
+                          or _gin_value("train.num_microbatches", 1),
+                          num_devices=n, device_memory_gb=args.device_memory_gb)
+    except (ValueError, cli.ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else format_plan(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
