@@ -1,0 +1,203 @@
+"""Sweep files x scale x seeds -> cells: the gin files and bindings each cell trains with.
+
+A cell's train config is, in order: the sweep's `base` files, the scale file, the row's files,
+then the row's bindings, then three computed bindings: `MIXTURE_OR_TASK_NAME` (the objective's
+task on the scale's corpus), `TASK_FEATURE_LENGTHS` (the objective's own lengths for the
+scale's `inputs_length`, `objectives.default_sequence_length`) and `train.seed`. Every cell is
+therefore trained on the same number of input tokens (steps x batch x inputs_length).
+
+The cell id is `<architecture>__<objective>__s<seed>__<hash>` where hash = sha256 of gin's
+parsed config (every binding, not file names), so two rows with the same effective config
+(Table 2 "Encoder-decoder | LM" and Table 3 "Prefix LM") are one cell, run once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
+import gin
+
+from t5x_like.sweep.config import ScaleSpec, SweepSpec, sweep, sweep_scale
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCALES_DIR = os.path.join("gin", "sweeps", "scales")
+
+
+class SweepError(ValueError):
+    """A sweep file, scale or row selection is invalid (the message names it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (config, seed) to pre-train and evaluate; `rows` = the (table, row) pairs it serves."""
+
+    cell_id: str
+    seed: int
+    gin_files: tuple[str, ...]
+    bindings: tuple[str, ...]
+    task: str
+    sequence_length: Mapping[str, int]
+    config_hash: str
+    rows: tuple[tuple[str, str], ...]
+
+
+def resolve(path: str) -> str:
+    """A gin file path as given if it exists, else relative to the repository root."""
+    if os.path.exists(path):
+        return path
+    candidate = os.path.join(REPO_ROOT, path)
+    if os.path.exists(candidate):
+        return candidate
+    raise SweepError(f"gin file not found: {path}")
+
+
+def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
+    """Parse train gin (every t5x_like configurable registered) into a cleared gin state."""
+    from t5x_like.train import cli
+
+    gin.clear_config()
+    try:
+        cli.parse_gin([resolve(f) for f in files], list(bindings))
+    except cli.ConfigError as err:
+        raise SweepError(str(err)) from err
+
+
+def load_sweep(path: str) -> SweepSpec:
+    """Read one sweep file (clears gin's global config before and after)."""
+    gin.clear_config()
+    try:
+        gin.parse_config_file(resolve(path))
+        spec = sweep()
+    except (ValueError, KeyError, TypeError, RuntimeError, ImportError, OSError) as err:
+        raise SweepError(f"invalid sweep file {path}: {err}") from err
+    finally:
+        gin.clear_config()
+    for row in spec.rows:
+        if "," in row:
+            raise SweepError(f"{path}: row name {row!r} contains ',' (--rows splits on it)")
+    return dataclasses.replace(spec, path=path)
+
+
+def scale_path(scale: str) -> str:
+    """`tiny` -> gin/sweeps/scales/tiny.gin; a path to a .gin file is kept."""
+    if scale.endswith(".gin"):
+        return scale
+    path = os.path.join(SCALES_DIR, f"{scale}.gin")
+    if not os.path.exists(os.path.join(REPO_ROOT, path)) and not os.path.exists(path):
+        known = sorted(f[:-4] for f in os.listdir(os.path.join(REPO_ROOT, SCALES_DIR)))
+        raise SweepError(f"unknown scale {scale!r}; known: {', '.join(known)}")
+    return path
+
+
+def load_scale(scale: str) -> ScaleSpec:
+    """Read a scale file (a train config that also binds `sweep_scale.*`)."""
+    path = scale_path(scale)
+    try:
+        _parse([path])
+        spec = sweep_scale()
+    except (ValueError, RuntimeError) as err:
+        raise SweepError(f"invalid scale file {path}: {err}") from err
+    finally:
+        gin.clear_config()
+    return dataclasses.replace(spec, path=path)
+
+
+def split_row(entries: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A row's entries -> (gin files, bindings): an entry ending in '.gin' is a file."""
+    files = [e for e in entries if e.strip().endswith(".gin")]
+    bindings = [e for e in entries if not e.strip().endswith(".gin")]
+    return files, bindings
+
+
+def architecture_slug(cfg: object) -> str:
+    """A short name of a TransformerConfig's architecture, e.g. encdec_2x2, encdec_shared_2x2,
+    lm_2L (causal decoder-only over inputs+targets), prefixlm_2L, decoderonly_4L."""
+    dec = cfg.num_decoder_layers
+    if cfg.family == "encoder_decoder":
+        shared = "_shared" if cfg.shared_encoder_decoder else ""
+        return f"encdec{shared}_{cfg.num_encoder_layers}x{dec}"
+    if cfg.family == "prefix_lm":
+        return f"{'prefixlm' if cfg.decoder_prefix_attention else 'lm'}_{dec}L"
+    return f"{cfg.family.replace('_', '')}_{dec}L"
+
+
+def corpus_task(task: str, corpus: str) -> str:
+    """Move an objective's task onto `corpus`: c4like_prefix_lm -> c4_prefix_lm."""
+    for known in ("c4like", "c4"):
+        if task.startswith(known + "_"):
+            return f"{corpus}_{task[len(known) + 1:]}"
+    return task
+
+
+def build_cell(sweep_spec: SweepSpec, scale: ScaleSpec, row: str, seed: int) -> Cell:
+    """Resolve one (row, seed): parse its gin, compute task/lengths/seed bindings and its id."""
+    from t5x_like.data import objectives, tasks
+    from t5x_like.models import TransformerConfig
+
+    row_files, row_bindings = split_row(sweep_spec.rows[row])
+    files = [*sweep_spec.base, scale.path, *row_files]
+    where = f"{sweep_spec.path} row {row!r}"
+    try:
+        _parse(files, row_bindings)
+        task = corpus_task(gin.query_parameter("%MIXTURE_OR_TASK_NAME"), scale.corpus)
+        lengths = objectives.default_sequence_length(
+            tasks.task_objective(task), scale.inputs_length)
+        extra = [f"MIXTURE_OR_TASK_NAME = {task!r}",
+                 f"TASK_FEATURE_LENGTHS = {dict(sorted(lengths.items()))!r}",
+                 f"train.seed = {int(seed)}"]
+        gin.parse_config(extra)  # on top of the parsed files + row bindings (later wins)
+        config_hash = hashlib.sha256(gin.config_str().encode()).hexdigest()[:8]
+        arch = architecture_slug(TransformerConfig())
+    except (SweepError, ValueError, KeyError, RuntimeError) as err:
+        raise SweepError(f"{where}: {err}") from err
+    finally:
+        gin.clear_config()
+    objective = task.split("_", 1)[1]
+    return Cell(
+        cell_id=f"{arch}__{objective}__s{seed}__{config_hash}", seed=int(seed),
+        gin_files=tuple(files), bindings=(*row_bindings, *extra), task=task,
+        sequence_length=lengths, config_hash=config_hash, rows=((sweep_spec.table, row),),
+    )
+
+
+def select_rows(specs: Sequence[SweepSpec], rows: Sequence[str] | None) -> list[tuple[int, str]]:
+    """(sweep index, row) pairs in table order; `rows` filters by exact name or 'table:row'."""
+    pairs = [(i, r) for i, s in enumerate(specs) for r in s.rows]
+    if not rows:
+        return pairs
+    wanted = [r.strip() for r in rows if r.strip()]
+    chosen = [(i, r) for i, r in pairs
+              if r in wanted or f"{specs[i].table}:{r}" in wanted]
+    names = {r for _, r in pairs} | {f"{specs[i].table}:{r}" for i, r in pairs}
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise SweepError(f"unknown row(s) {unknown}; rows: {sorted({r for _, r in pairs})}")
+    return chosen
+
+
+def expand(specs: Sequence[SweepSpec], scale: ScaleSpec, *, seeds: int | None = None,
+           rows: Sequence[str] | None = None) -> list[Cell]:
+    """Every (row, seed) cell of the sweeps, identical configs merged (their `rows` joined)."""
+    num_seeds = scale.seeds if seeds is None else int(seeds)
+    if num_seeds < 1:
+        raise SweepError(f"--seeds must be >= 1, got {num_seeds}")
+    cells: dict[str, Cell] = {}
+    for index, row in select_rows(specs, rows):
+        for seed in range(num_seeds):
+            cell = build_cell(specs[index], scale, row, seed)
+            if cell.config_hash in cells:
+                old = cells[cell.config_hash]
+                cell = dataclasses.replace(old, rows=(*old.rows, *cell.rows))
+            cells[cell.config_hash] = cell
+    return list(cells.values())
+
+
+def cells_of(cells: Sequence[Cell], table: str) -> Iterator[tuple[str, Cell]]:
+    """(row, cell) for every cell serving `table`."""
+    for cell in cells:
+        for t, row in cell.rows:
+            if t == table:
+                yield row, cell

@@ -1,0 +1,220 @@
+"""Tables from finished cells: Markdown in the paper's layout, JSON (DESIGN.md schema), Kendall τ.
+
+For each sweep (paper table) and row: our suite average (mean ± std over seeds), per-task
+scores, final pre-training loss, measured parameters and training FLOPs per sequence, the
+paper's bookkeeping (P/2P, M/M/2) and its seven published columns. Rows are ranked by our score
+and by the paper's GLUE column (`paper.COMPARE_COLUMN`, the closest analogue of an average of
+classification scores) and compared with Kendall's τ (`scipy.stats.kendalltau`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from t5x_like.sweep import paper
+from t5x_like.sweep.config import SweepSpec
+from t5x_like.sweep.grid import Cell, cells_of
+from t5x_like.sweep.runner import RESULTS, cell_dir, write_json
+
+METRIC = "suite_average"
+METRIC_NOTE = ("suite average: mean of the downstream tasks' primary scores (0-100); compared "
+               f"with the paper's {paper.COMPARE_COLUMN} column")
+
+
+def collect(cells: Sequence[Cell], sweep_dir: str) -> dict[str, dict[str, Any]]:
+    """cell_id -> its results.json, for the finished cells."""
+    found = {}
+    for cell in cells:
+        path = os.path.join(cell_dir(sweep_dir, cell), RESULTS)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                found[cell.cell_id] = json.load(f)
+    return found
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(statistics.fmean(values)) if values else None
+
+
+def _std(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(statistics.stdev(values)) if len(values) >= 2 else None
+
+
+def kendall(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float | None, float | None]:
+    """Kendall's τ and its p-value between two score lists (None when undefined: < 2 rows or
+    a constant list)."""
+    from scipy.stats import kendalltau
+
+    if len(ours) != len(theirs):
+        raise ValueError(f"kendall: {len(ours)} vs {len(theirs)} scores")
+    if len(ours) < 2:
+        return None, None
+    result = kendalltau(list(ours), list(theirs))
+    tau, p = float(result.statistic), float(result.pvalue)
+    return (None if math.isnan(tau) else tau), (None if math.isnan(p) else p)
+
+
+def ranking(rows: Sequence[Mapping[str, Any]], key: str) -> list[str]:
+    """Row names, best first, by `key` (rows without a value left out)."""
+    scored = [r for r in rows if r.get(key) is not None]
+    return [r["row"] for r in sorted(scored, key=lambda r: -r[key])]
+
+
+def table_entry(spec: SweepSpec, cells: Sequence[Cell],
+                results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau)."""
+    by_row: dict[str, list[Mapping[str, Any]]] = {row: [] for row in spec.rows}
+    ids: dict[str, list[str]] = {row: [] for row in spec.rows}
+    for row, cell in cells_of(cells, spec.table):
+        ids[row].append(cell.cell_id)
+        if cell.cell_id in results:
+            by_row[row].append(results[cell.cell_id])
+    rows = []
+    for row in spec.rows:
+        done = by_row[row]
+        tasks = sorted({t for r in done for t in r.get("tasks", {})})
+        published = paper.published(spec.table, row)
+        params, cost = spec.bookkeeping.get(row, (None, None))
+        rows.append({
+            "row": row,
+            "ours_mean": _mean([r.get(METRIC) for r in done]),
+            "ours_std": _std([r.get(METRIC) for r in done]),
+            "num_seeds": len(done),
+            "paper": published,
+            "per_task": {t: _mean([r["tasks"].get(t) for r in done]) for t in tasks},
+            "pretrain_loss": _mean([r["pretrain"].get("final_loss") for r in done]),
+            "paper_params": params, "paper_cost": cost,
+            "parameters": done[0].get("parameters") if done else None,
+            "flops_per_sequence": done[0].get("flops_per_sequence") if done else None,
+            "seconds_per_cell": _mean([r.get("seconds", {}).get("total") for r in done]),
+            "cells": ids[row],
+        })
+    paired = [r for r in rows if r["ours_mean"] is not None and r["paper"]]
+    tau, p = kendall([r["ours_mean"] for r in paired],
+                     [r["paper"][paper.COMPARE_COLUMN] for r in paired])
+    for r in rows:
+        r["paper_score"] = r["paper"][paper.COMPARE_COLUMN] if r["paper"] else None
+    entry = {
+        "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
+        "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
+        "ranking_ours": ranking(paired, "ours_mean"),
+        "ranking_paper": ranking(paired, "paper_score"),
+        "paper_table": paper.TABLE_NUMBERS.get(spec.table),
+        "baseline_average": _mean([r.get("baseline_average") for rs in by_row.values()
+                                   for r in rs]),
+    }
+    for r in rows:
+        del r["paper_score"]
+    return entry
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _si(value: float | None) -> str:
+    if value is None:
+        return "—"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:.0f}"
+
+
+def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
+    """The table in the paper's layout, ours beside the published scores, plus the rankings."""
+    rows = entry["rows"]
+    split = all(" | " in r["row"] for r in rows)
+    tasks = sorted({t for r in rows for t in r["per_task"]})
+    has_cost = any(r["paper_params"] for r in rows)
+    head = ["Architecture", "Objective"] if split else ["Row"]
+    if has_cost:
+        head += ["Params (paper)", "Cost (paper)"]
+    head += ["Params (ours)", "FLOPs/seq (ours)", "Ours: suite avg", "seeds",
+             *[t.removeprefix("downstream_") for t in tasks], "pre-train loss",
+             *[f"paper {c}" for c in paper.COLUMNS]]
+    lines = [f"### {entry['title']}", "",
+             f"Paper: Table {entry.get('paper_table')}. Ours = {entry['metric']}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = r["row"].split(" | ", 1) if split else [r["row"]]
+        if has_cost:
+            cells += [r["paper_params"] or "—", r["paper_cost"] or "—"]
+        ours = _num(r["ours_mean"])
+        if r["ours_std"] is not None:
+            ours += f" ± {r['ours_std']:.2f}"
+        cells += [_si(r["parameters"]), _si(r["flops_per_sequence"]), f"**{ours}**",
+                  str(r["num_seeds"]), *[_num(r["per_task"].get(t)) for t in tasks],
+                  _num(r["pretrain_loss"], 3),
+                  *[_num((r["paper"] or {}).get(c)) for c in paper.COLUMNS]]
+        lines.append("| " + " | ".join(cells) + " |")
+    tau, p, n = entry["kendall_tau"], entry["kendall_p_value"], entry["kendall_rows"]
+    lines += ["", f"- Ranking, ours: {' > '.join(entry['ranking_ours']) or '—'}",
+              f"- Ranking, paper ({paper.COMPARE_COLUMN}): "
+              f"{' > '.join(entry['ranking_paper']) or '—'}",
+              f"- Kendall τ (ours vs paper over {n} rows): {_num(tau)} (p = {_num(p, 3)})",
+              f"- Majority-class / trivial baseline, suite average: "
+              f"{_num(entry.get('baseline_average'))}", ""]
+    return "\n".join(lines)
+
+
+def build(specs: Sequence[SweepSpec], cells: Sequence[Cell], sweep_dir: str,
+          scale: str) -> dict[str, Any]:
+    """The whole report: {'scale', 'tables': {table_id: entry}} (DESIGN.md schema)."""
+    results = collect(cells, sweep_dir)
+    return {"scale": scale, "num_cells": len(cells), "num_cells_done": len(results),
+            "tables": {s.table: table_entry(s, cells, results) for s in specs}}
+
+
+def markdown(report: Mapping[str, Any], image_prefix: str = "") -> str:
+    """All tables as one Markdown document (plots referenced as `<image_prefix><table>.png`)."""
+    parts = [f"# T5 paper tables at the `{report['scale']}` scale", "",
+             f"{report['num_cells_done']} of {report['num_cells']} cells finished. Generated by "
+             "`python -m t5x_like.sweep`; every number here is measured by this run.", ""]
+    for table_id, entry in report["tables"].items():
+        parts += [table_markdown(table_id, entry), f"![{table_id}]({image_prefix}{table_id}.png)",
+                  ""]
+    parts += ["### Pre-training loss curves", "",
+              f"![loss curves]({image_prefix}loss_curves.png)", ""]
+    return "\n".join(parts)
+
+
+def write(report: Mapping[str, Any], cells: Sequence[Cell], sweep_dir: str,
+          out: str | None = None) -> list[str]:
+    """Write `<sweep_dir>/<table>.{md,json,png}`, `t5_tables_<scale>.{md,json}`,
+    `loss_curves.png`; with `out` (a path prefix) also `<out>.md/.json` and `<out>_*.png`."""
+    from t5x_like.sweep import plots
+
+    written = []
+    for table_id, entry in report["tables"].items():
+        base = os.path.join(sweep_dir, table_id)
+        with open(base + ".md", "w", encoding="utf-8") as f:
+            f.write(table_markdown(table_id, entry) + f"\n![{table_id}]({table_id}.png)\n")
+        write_json(base + ".json", {"scale": report["scale"], "tables": {table_id: entry}})
+        plots.bar_chart(entry, base + ".png")
+        written += [base + ".md", base + ".json", base + ".png"]
+    plots.loss_curves(cells, sweep_dir, os.path.join(sweep_dir, "loss_curves.png"))
+    combined = os.path.join(sweep_dir, f"t5_tables_{report['scale']}")
+    with open(combined + ".md", "w", encoding="utf-8") as f:
+        f.write(markdown(report))
+    write_json(combined + ".json", report)
+    written += [os.path.join(sweep_dir, "loss_curves.png"), combined + ".md", combined + ".json"]
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        prefix = os.path.basename(out) + "_"
+        with open(out + ".md", "w", encoding="utf-8") as f:
+            f.write(markdown(report, image_prefix=prefix))
+        write_json(out + ".json", report)
+        for table_id, entry in report["tables"].items():
+            plots.bar_chart(entry, f"{out}_{table_id}.png")
+            written.append(f"{out}_{table_id}.png")
+        plots.loss_curves(cells, sweep_dir, f"{out}_loss_curves.png")
+        written += [out + ".md", out + ".json", f"{out}_loss_curves.png"]
+    return written

@@ -1,0 +1,232 @@
+"""Run cells: `python -m t5x_like.train` then `python -m t5x_like.evaluate` as subprocesses.
+
+Layout of a cell, `<sweep_dir>/cells/<cell_id>/`:
+  cell.json      what to run (gin files, bindings, scale flags), written first
+  pretrain/      the trainer's model dir (checkpoints, config.gin, metrics.jsonl);
+                 its log in pretrain.log
+  eval/          evaluate's out dir (finetune/, results.json, results.md); log in eval.log
+  results.json   written last (atomically): the cell is done; a rerun skips it
+An interrupted cell resumes: the trainer restarts from its latest checkpoint and evaluate skips
+fine-tunes that reached their step count.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from t5x_like.sweep import costs
+from t5x_like.sweep.config import ScaleSpec
+from t5x_like.sweep.grid import Cell
+
+RESULTS = "results.json"
+CELL_SPEC = "cell.json"
+_PRINT_LOCK = threading.Lock()
+
+
+class CellFailed(RuntimeError):
+    """A cell's train or evaluate subprocess exited non-zero (the message names its log)."""
+
+
+def cell_dir(sweep_dir: str, cell: Cell) -> str:
+    """`<sweep_dir>/cells/<cell_id>`."""
+    return os.path.join(sweep_dir, "cells", cell.cell_id)
+
+
+def is_done(path: str) -> bool:
+    """A cell dir holding results.json is finished."""
+    return os.path.exists(os.path.join(path, RESULTS))
+
+
+def binding_flags(bindings: Sequence[str]) -> list[str]:
+    """Gin bindings -> `--gin_bindings=...` flags (exact text, macros and all)."""
+    return [f"--gin_bindings={b}" for b in bindings]
+
+
+def train_command(spec: Mapping[str, Any], path: str) -> list[str]:
+    """The `python -m t5x_like.train` argv of a cell spec (see `cell_spec`)."""
+    return [sys.executable, "-m", "t5x_like.train",
+            *[f"--gin_file={f}" for f in spec["gin_files"]], *binding_flags(spec["bindings"]),
+            f"--model_dir={os.path.join(path, 'pretrain')}", *spec["scale"]["train_flags"]]
+
+
+def evaluate_command(spec: Mapping[str, Any], path: str) -> list[str]:
+    """The `python -m t5x_like.evaluate` argv of a cell spec."""
+    scale = spec["scale"]
+    return [sys.executable, "-m", "t5x_like.evaluate",
+            f"--checkpoint={os.path.join(path, 'pretrain')}",
+            f"--out_dir={os.path.join(path, 'eval')}", *scale["evaluate_flags"],
+            *[f"--gin_file={f}" for f in scale["evaluate_gin_files"]],
+            *binding_flags(scale["evaluate_bindings"])]
+
+
+def cell_spec(cell: Cell, scale: ScaleSpec) -> dict[str, Any]:
+    """Everything needed to run `cell` without re-reading the sweep files (cell.json)."""
+    spec = dataclasses.asdict(cell)
+    spec["rows"] = [list(r) for r in cell.rows]
+    spec["scale"] = dataclasses.asdict(scale)
+    return spec
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write JSON atomically (temporary file + rename), so readers never see half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def prepare(cell: Cell, scale: ScaleSpec, sweep_dir: str) -> str:
+    """Create the cell dir with its cell.json (rows merged with an existing one); returns it."""
+    path = cell_dir(sweep_dir, cell)
+    os.makedirs(path, exist_ok=True)
+    spec = cell_spec(cell, scale)
+    spec_path = os.path.join(path, CELL_SPEC)
+    if os.path.exists(spec_path):
+        with open(spec_path, encoding="utf-8") as f:
+            old_rows = json.load(f).get("rows", [])
+        spec["rows"] = [*spec["rows"], *[r for r in old_rows if r not in spec["rows"]]]
+    write_json(spec_path, spec)
+    return path
+
+
+def child_env() -> dict[str, str]:
+    """The subprocess environment: ours minus XLA's fake host device count (a test-suite
+    setting that would split the CPU into devices), unbuffered output."""
+    env = dict(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    if flags.strip():
+        env["XLA_FLAGS"] = flags.strip()
+    else:
+        env.pop("XLA_FLAGS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _run(argv: Sequence[str], log_path: str, what: str) -> tuple[float, float]:
+    """Run one subprocess, appending its output to log_path; returns (wall, CPU) seconds
+    (CPU = user + system of the process, from wait4: on a shared machine the wall time
+    depends on the other load, the CPU time much less)."""
+    start = time.time()
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env())
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    if rc != 0:
+        raise CellFailed(f"{what} exited with status {rc}; see {log_path}")
+    return time.time() - start, usage.ru_utime + usage.ru_stime
+
+
+def read_metrics(model_dir: str) -> list[dict[str, Any]]:
+    """The trainer's metrics.jsonl records (empty when missing)."""
+    path = os.path.join(model_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def pretrain_summary(model_dir: str) -> dict[str, Any]:
+    """Final train loss/step and last eval loss from metrics.jsonl (a resumed run's records
+    for a step replace the earlier ones)."""
+    train = {r["step"]: r for r in read_metrics(model_dir)
+             if r.get("split") == "train" and "loss" in r}
+    evals = [r for r in read_metrics(model_dir) if r.get("split") == "eval" and "loss" in r]
+    last = train[max(train)] if train else {}
+    return {"final_step": last.get("step"), "final_loss": last.get("loss"),
+            "eval_loss": evals[-1]["loss"] if evals else None}
+
+
+def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) the cell described by `path/cell.json`; returns its results."""
+    results_path = os.path.join(path, RESULTS)
+    name = os.path.basename(os.path.normpath(path))
+    if os.path.exists(results_path):
+        log(f"[sweep] {name}: done, skipped")
+        with open(results_path, encoding="utf-8") as f:
+            return json.load(f)
+    with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
+        spec = json.load(f)
+    log(f"[sweep] {name}: pre-training")
+    pretrain_s, pretrain_cpu = _run(train_command(spec, path), os.path.join(path, "pretrain.log"),
+                                    f"{name}: python -m t5x_like.train")
+    log(f"[sweep] {name}: pre-trained in {pretrain_s:.0f}s; evaluating")
+    evaluate_s, evaluate_cpu = _run(evaluate_command(spec, path), os.path.join(path, "eval.log"),
+                                    f"{name}: python -m t5x_like.evaluate")
+    with open(os.path.join(path, "eval", "results.json"), encoding="utf-8") as f:
+        evaluation = json.load(f)
+    measured = costs.measure(spec["gin_files"], spec["bindings"], spec["sequence_length"])
+    pretrain = pretrain_summary(os.path.join(path, "pretrain"))
+    steps = pretrain["final_step"] or 0
+    batch = measured.pop("batch_size")
+    results = {
+        "cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
+        "scale": spec["scale"]["name"], "task": spec["task"],
+        "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
+        **measured,
+        "pretrain": {**pretrain, "batch_size": batch,
+                     "input_tokens": steps * batch * spec["scale"]["inputs_length"]},
+        "suite_average": evaluation.get("suite_average"),
+        "baseline_average": evaluation.get("baseline_average"),
+        "tasks": {t: r.get("score") for t, r in evaluation.get("tasks", {}).items()},
+        "evaluation": evaluation,
+        "seconds": {"pretrain": round(pretrain_s, 1), "evaluate": round(evaluate_s, 1),
+                    "total": round(pretrain_s + evaluate_s, 1)},
+        "cpu_seconds": {"pretrain": round(pretrain_cpu, 1), "evaluate": round(evaluate_cpu, 1),
+                        "total": round(pretrain_cpu + evaluate_cpu, 1)},
+    }
+    write_json(results_path, results)
+    log(f"[sweep] {name}: done in {pretrain_s + evaluate_s:.0f}s "
+        f"({pretrain_cpu + evaluate_cpu:.0f}s CPU; suite average {results['suite_average']})")
+    return results
+
+
+def _locked_print(message: str) -> None:
+    with _PRINT_LOCK:
+        print(message, flush=True)
+
+
+def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
+              parallel: int = 1) -> list[str]:
+    """Run every cell (`parallel` at once; finished ones skipped); returns failure messages."""
+    if parallel < 1:
+        raise ValueError(f"--parallel must be >= 1, got {parallel}")
+    paths = [prepare(c, scale, sweep_dir) for c in cells]
+    failures: list[str] = []
+
+    def one(path: str) -> None:
+        try:
+            run_cell_dir(path, _locked_print)
+        except (CellFailed, OSError, ValueError, KeyError) as err:
+            _locked_print(f"[sweep] FAILED {err}")
+            failures.append(str(err))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        list(pool.map(one, paths))
+    return failures
+
+
+def print_commands(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str) -> list[str]:
+    """Write every cell.json and return one shell line per unfinished cell, each running that
+    cell alone (`python -m t5x_like.sweep --run_cell=DIR`), for a cluster scheduler."""
+    lines = []
+    for cell in cells:
+        path = prepare(cell, scale, sweep_dir)
+        if not is_done(path):
+            lines.append(shlex.join([sys.executable, "-m", "t5x_like.sweep",
+                                     f"--run_cell={path}"]))
+    return lines

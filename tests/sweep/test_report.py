@@ -1,0 +1,101 @@
+"""Reports from hand-made cell results: schema, Markdown, Kendall τ, plots; paper data."""
+
+import json
+import os
+
+import pytest
+
+from t5x_like.sweep import paper, report, runner
+from t5x_like.sweep.config import SweepSpec
+from t5x_like.sweep.grid import Cell
+
+ROWS = ("Prefix LM", "BERT-style", "Deshuffling")  # paper GLUE: 80.69, 82.96, 73.17
+
+
+def _spec():
+    return SweepSpec(table="table3", title="Table 3: objectives",
+                     rows={r: ("gin/objectives/x.gin",) for r in ROWS},
+                     base=(), metric="suite_average", bookkeeping={})
+
+
+def _fake_sweep(sweep_dir, scores, seeds=1):
+    """One cell per (row, seed) with results.json + a metrics.jsonl loss curve."""
+    cells = []
+    for row, score in zip(ROWS, scores, strict=True):
+        for seed in range(seeds):
+            cell = Cell(cell_id=f"{row.lower().replace(' ', '_')}__s{seed}", seed=seed,
+                        gin_files=(), bindings=(), task="c4like_x",
+                        sequence_length={"inputs": 8, "targets": 8}, config_hash="0",
+                        rows=(("table3", row),))
+            path = runner.cell_dir(str(sweep_dir), cell)
+            os.makedirs(os.path.join(path, "pretrain"))
+            with open(os.path.join(path, "pretrain", "metrics.jsonl"), "w") as f:
+                for step in (10, 20):
+                    f.write(json.dumps({"step": step, "split": "train", "time": 0.0,
+                                        "loss": 5.0 - step / 10 + seed}) + "\n")
+            runner.write_json(os.path.join(path, runner.RESULTS), {
+                "suite_average": score + seed, "tasks": {"downstream_spam": score},
+                "pretrain": {"final_loss": 3.0 + seed}, "parameters": 1000,
+                "flops_per_sequence": 2.5e6, "seconds": {"total": 60.0}})
+            cells.append(cell)
+    return cells
+
+
+def test_same_order_tau_one_reversed_minus_one(tmp_path):
+    same = _fake_sweep(tmp_path / "a", [50.0, 60.0, 40.0])
+    data = report.build([_spec()], same, str(tmp_path / "a"), "micro")
+    table = data["tables"]["table3"]
+    assert table["kendall_tau"] == pytest.approx(1.0)
+    assert table["ranking_ours"] == table["ranking_paper"] == ["BERT-style", "Prefix LM",
+                                                               "Deshuffling"]
+    reverse = _fake_sweep(tmp_path / "b", [50.0, 40.0, 60.0])
+    table = report.build([_spec()], reverse, str(tmp_path / "b"), "micro")["tables"]["table3"]
+    assert table["kendall_tau"] == pytest.approx(-1.0)
+    assert 0.0 < table["kendall_p_value"] <= 1.0
+    assert report.kendall([1.0], [2.0]) == (None, None)
+
+
+def test_schema_markdown_and_plots(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2)
+    data = report.build([_spec()], cells, str(tmp_path), "micro")
+    assert data["scale"] == "micro" and data["num_cells_done"] == 6
+    row = data["tables"]["table3"]["rows"][1]
+    assert set(row) >= {"row", "ours_mean", "ours_std", "num_seeds", "paper", "per_task",
+                        "pretrain_loss"}
+    assert row["row"] == "BERT-style" and row["num_seeds"] == 2
+    assert row["ours_mean"] == pytest.approx(60.5)
+    assert row["ours_std"] == pytest.approx(0.7071, 1e-3)
+    assert row["paper"]["GLUE"] == 82.96 and row["pretrain_loss"] == pytest.approx(3.5)
+    out = tmp_path / "bench" / "t5_tables_micro"
+    written = report.write(data, cells, str(tmp_path), out=str(out))
+    for path in written:
+        assert os.path.getsize(path) > 0, path
+    md = (tmp_path / "bench" / "t5_tables_micro.md").read_text()
+    assert "| BERT-style |" in md and "60.50 ± 0.71" in md and "82.96" in md
+    assert "![table3](t5_tables_micro_table3.png)" in md
+    assert (tmp_path / "bench" / "t5_tables_micro_loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads((tmp_path / "bench" / "t5_tables_micro.json").read_text())
+    assert saved["tables"]["table3"]["kendall_tau"] == pytest.approx(1.0)
+
+
+def test_missing_cells_are_dashes(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0])
+    os.remove(os.path.join(runner.cell_dir(str(tmp_path), cells[0]), runner.RESULTS))
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    assert table["rows"][0]["ours_mean"] is None and table["kendall_rows"] == 2
+    assert "| Prefix LM | — |" in report.table_markdown("table3", table)
+
+
+def test_paper_data_is_sane():
+    for table, rows in paper.PUBLISHED.items():
+        assert table in paper.TABLE_NUMBERS
+        for row, scores in rows.items():
+            assert list(scores) == list(paper.COLUMNS), (table, row)
+            assert 50 < scores["GLUE"] < 90 and 15 < scores["CNNDM"] < 25
+            assert 20 < scores["EnDe"] < 30 and 30 < scores["EnFr"] < 45
+    baseline = paper.published("table2", "Encoder-decoder | Denoising")
+    for same in (("table4", "Replace corrupted spans"), ("table5", "15%"), ("table6", "i.i.d.")):
+        assert paper.published(*same) == baseline
+    assert paper.published("table3", "BERT-style") == paper.published("table4", "BERT-style")
+    assert paper.published("table2", "Language model | LM")["SQuAD"] == 53.81
+    assert paper.published("table9", "x") is None
