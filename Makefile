@@ -24,7 +24,7 @@ pretrain: $(VENV)/.runtime-installed
 	$(PY) -m t5x_like.train --gin_file=gin/runs/quickstart.gin $(ARGS)
 
 lint: $(VENV)/.test-installed
-	$(PY) -m ruff check t5x_like scripts tests
+	$(PY) -m ruff check t5x_like scripts tests notebooks
 
 test: $(VENV)/.test-installed lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
