@@ -10,7 +10,11 @@ num_train_steps/vocabulary` and finally the user's bindings (later bindings win)
 live in `DIR/finetune/<task>/` (with `--multitask`: one run on `downstream.MIXTURE` in
 `DIR/finetune/downstream_mixture/`, shared by all tasks) and are resumable: a run whose
 checkpoint has reached `num_train_steps` is not retrained. Each task's test split is then
-decoded greedily (`max_decode_length` = the task's target length) and scored; outputs:
+predicted and scored: classification tasks by rank classification (default, as T5X's
+`rank_classification`: the label whose text has the highest log-likelihood given the input,
+so every prediction is a valid label even for a briefly fine-tuned small model) or, with
+`--classification=decode`, by greedy decoding as in the T5 paper; generation tasks always by
+greedy decoding (`max_decode_length` = the task's target length). Outputs:
 `DIR/results.json` (DESIGN.md schema), `DIR/results.md` (a T5-paper-style one-row table with
 a "suite average" column, plus the majority-class baseline row) and `DIR/predictions/<task>.jsonl`.
 
@@ -29,11 +33,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import gin
+import numpy as np
 
 from t5x_like import infer
 from t5x_like.train import cli
 
 DEFAULT_FINETUNE_STEPS = 200
+CLASSIFICATION_MODES = ("rank", "decode")
 FINETUNE_GIN = "gin/runs/finetune.gin"
 #: Small-scale defaults layered over finetune.gin (user bindings come later and win).
 SMALL_SCALE_BINDINGS = (
@@ -99,32 +105,56 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     return summary
 
 
-def evaluate_task(predictor: infer.Predictor, task: str, out_dir: str,
-                  batch_size: int = 64) -> dict[str, Any]:
-    """Greedy-decodes `task`'s test split, writes `predictions/<task>.jsonl`, returns the
-    results.json entry `{'metrics', 'score', 'baseline', 'baseline_metrics', 'num_examples'}`."""
+def rank_classify(predictor: infer.Predictor, inputs: Sequence[str], labels: Sequence[str],
+                  rows: int = 512) -> tuple[list[str], list[float]]:
+    """Rank classification: for each input, the label (+ EOS) with the highest log-likelihood
+    (`infer.rank`, about `rows` input x label pairs per batch); returns the chosen labels and
+    their log-likelihoods (nats)."""
+    ll = infer.rank(predictor, inputs, labels, batch_size=max(1, rows // max(1, len(labels))))
+    best = ll.argmax(axis=1)
+    return [labels[i] for i in best], [float(v) for v in ll[np.arange(len(inputs)), best]]
+
+
+def evaluate_task(predictor: infer.Predictor, task: str, out_dir: str, batch_size: int = 64,
+                  classification: str = "rank") -> dict[str, Any]:
+    """Predicts `task`'s test split (rank classification or greedy decoding, see the module
+    docstring), writes `predictions/<task>.jsonl`, returns the results.json entry
+    `{'metrics', 'score', 'baseline', 'baseline_metrics', 'num_examples', 'prediction'}`."""
+    if classification not in CLASSIFICATION_MODES:
+        raise ValueError(f"classification must be one of {CLASSIFICATION_MODES}, "
+                         f"got {classification!r}")
     ds = _downstream()
     spec = ds.get_spec(task)
     examples = ds.load_examples(task, "test")
-    preds = infer.predict(predictor, [e["inputs"] for e in examples], method="greedy",
-                          max_decode_length=spec.sequence_length["targets"],
-                          batch_size=batch_size)
+    inputs = [e["inputs"] for e in examples]
+    if spec.labels and classification == "rank":
+        mode = "rank"
+        outputs, scores = rank_classify(predictor, inputs, spec.labels)
+    else:
+        mode = "greedy"
+        preds = infer.predict(predictor, inputs, method="greedy",
+                              max_decode_length=spec.sequence_length["targets"],
+                              batch_size=batch_size)
+        outputs, scores = [p["output"] for p in preds], [p["score"] for p in preds]
     targets = [e["targets"] for e in examples]
-    outputs = [p["output"] for p in preds]
     metrics = ds.compute_metrics(task, targets, outputs)
     baseline = ds.majority_baseline(task, "test")
     os.makedirs(os.path.join(out_dir, "predictions"), exist_ok=True)
     with open(os.path.join(out_dir, "predictions", f"{task}.jsonl"), "w", encoding="utf-8") as f:
-        for e, p in zip(examples, preds, strict=True):
-            row = {"inputs": e["inputs"], "targets": e["targets"], "output": p["output"],
-                   "score": p["score"]}
+        for e, output, sc in zip(examples, outputs, scores, strict=True):
+            row = {"inputs": e["inputs"], "targets": e["targets"], "output": output,
+                   "score": sc}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return {"metrics": metrics, "score": metrics["score"], "baseline": baseline["score"],
-            "baseline_metrics": baseline, "num_examples": len(examples)}
+            "baseline_metrics": baseline, "num_examples": len(examples), "prediction": mode}
 
 
 def _short(task: str) -> str:
     return task.removeprefix("downstream_")
+
+
+_CLASSIFICATION_TEXT = {"rank": "rank classification (most likely label)",
+                        "decode": "greedy decoding"}
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -145,14 +175,15 @@ def results_markdown(results: dict[str, Any]) -> str:
         "| " + " | ".join(ours) + " |", "| " + " | ".join(base) + " |", "",
         f"Scores 0-100 on each test split ({metrics}); fine-tuned "
         f"{'once on the suite mixture' if ft['multitask'] else 'per task'} for {ft['steps']} "
-        "steps, greedy decoding.", "",
+        f"steps; classification by {_CLASSIFICATION_TEXT[ft.get('classification', 'decode')]}, "
+        "generation by greedy decoding.", "",
     ]
     return "\n".join(lines)
 
 
 def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] | None = None,
                         finetune_steps: int | None = None, multitask: bool = False,
-                        gin_files: Sequence[str] = (),
+                        classification: str = "rank", gin_files: Sequence[str] = (),
                         gin_bindings: Sequence[str] = ()) -> dict[str, Any]:
     """Fine-tunes `checkpoint` on each task (or once on the mixture), scores the test splits
     and writes `out_dir/results.{json,md}` + `predictions/`; returns the results.json dict."""
@@ -162,6 +193,9 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
     tasks = list(tasks) if tasks else list(ds.SUITE)
     for t in tasks:
         ds.get_spec(t)  # unknown task -> ValueError naming close matches
+    if classification not in CLASSIFICATION_MODES:
+        raise ValueError(f"classification must be one of {CLASSIFICATION_MODES}, "
+                         f"got {classification!r}")
     steps = int(finetune_steps or DEFAULT_FINETUNE_STEPS)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     start = time.perf_counter()
@@ -181,7 +215,7 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
         predictor = infer.load_predictor(ft_dir)
         for t in scored:
             t0 = time.perf_counter()
-            entries[t] = evaluate_task(predictor, t, out_dir)
+            entries[t] = evaluate_task(predictor, t, out_dir, classification=classification)
             print(f"[t5x_like.evaluate] {t}: score {entries[t]['score']:.2f} (baseline "
                   f"{entries[t]['baseline']:.2f}), {entries[t]['num_examples']} test examples "
                   f"in {time.perf_counter() - t0:.1f}s", flush=True)
@@ -191,7 +225,8 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
         "checkpoint": model_dir, "step": step,
         "tasks": {t: entries[t] for t in tasks},
         "suite_average": mean("score"), "baseline_average": mean("baseline"),
-        "finetune": {"steps": steps, "multitask": multitask, "gin_files": [FINETUNE_GIN,
+        "finetune": {"steps": steps, "multitask": multitask, "classification": classification,
+                     "gin_files": [FINETUNE_GIN,
                      *gin_files], "gin_bindings": [*SMALL_SCALE_BINDINGS, *gin_bindings],
                      "runs": summaries},
         "seconds": round(time.perf_counter() - start, 1),
@@ -219,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"fine-tuning steps per run (default {DEFAULT_FINETUNE_STEPS})")
     p.add_argument("--multitask", action="store_true",
                    help="fine-tune once on the suite mixture instead of per task")
+    p.add_argument("--classification", choices=CLASSIFICATION_MODES, default="rank",
+                   help="classification tasks: rank the task's labels by log-likelihood "
+                   "(default) or greedy-decode free text as the T5 paper did")
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
     return p
@@ -232,7 +270,8 @@ def main(argv: Sequence[str]) -> int:
         tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
         results = evaluate_checkpoint(
             args.checkpoint, args.out_dir, tasks=tasks, finetune_steps=args.finetune_steps,
-            multitask=args.multitask, gin_files=args.gin_file,
+            multitask=args.multitask, classification=args.classification,
+            gin_files=args.gin_file,
             gin_bindings=[*args.gin_bindings, *gin_flags])
     except (infer.InferenceError, cli.ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -6,6 +6,7 @@ Library (DESIGN.md "Inference and evaluation"):
     predict(predictor, ['summarize: ...'], method='beam', num_decodes=2)
         -> [{'input', 'output', 'score', 'outputs', 'scores'}]
     score(predictor, ['question'], ['answer']) -> [log-likelihood]
+    rank(predictor, ['an email ...'], ['ham', 'spam']) -> [N, 2] log-likelihoods
 
 Prompts are built exactly as the feature converters build training examples:
 - encoder-decoder: encoder input = input tokens + EOS (truncated to the training input length
@@ -350,6 +351,31 @@ def score(predictor: Predictor, inputs: Sequence[str], targets: Sequence[str], *
         with P.partitioning_context(predictor.mesh, predictor.rules):
             values = np.asarray(fn(predictor.params, batch))
         out.extend(float(v) for v in values[: len(chunk)])
+    _warn_truncated(predictor, len(inputs))
+    return out
+
+
+def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str], *,
+         batch_size: int = 32) -> np.ndarray:
+    """Log-likelihood (nats) `[len(inputs), len(candidates)]` of every candidate target (+ EOS)
+    given every input: `score` of all pairs, computed with one prefill per input
+    (`decoding.score_candidates`). The argmax per row is rank classification."""
+    if not candidates:
+        raise ValueError("rank needs at least one candidate")
+    tokens = _pad([_tokens(predictor, c, predictor.target_length, True, "target")
+                   for c in candidates])
+    shards = P.batch_shard_count(predictor.mesh, predictor.rules)
+    rows, chunks = _batches(len(inputs), batch_size, shards)
+    width = predictor.input_length + 1  # decoder-only prompts: BOS + input (+ EOS)
+    out = np.zeros((len(inputs), len(candidates)), np.float32)
+    for chunk in chunks:
+        batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], None), rows)
+        for key in ("decoder_input_tokens", "decoder_causal_attention"):
+            if key in batch and predictor.family != "encoder_decoder":  # one shape, one compile
+                batch[key] = np.pad(batch[key], ((0, 0), (0, width - batch[key].shape[1])))
+        with P.partitioning_context(predictor.mesh, predictor.rules):
+            values = decoding.score_candidates(predictor.model, predictor.params, batch, tokens)
+        out[chunk.start: chunk.stop] = np.asarray(values)[: len(chunk)]
     _warn_truncated(predictor, len(inputs))
     return out
 

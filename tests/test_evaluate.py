@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from t5x_like import evaluate
+import pytest
+
+from t5x_like import evaluate, infer
 from t5x_like.data import downstream
 
 #: Smallest settings that reliably beat the baseline here (measured: macro-F1 60.5 vs 41.9,
@@ -21,6 +23,7 @@ def test_finetune_beats_majority_baseline_on_spam_and_resumes(pretrained_dir, tm
                                            finetune_steps=100, gin_bindings=FAST)
     spam = results["tasks"]["downstream_spam"]
     assert spam["score"] > spam["baseline"], spam
+    assert spam["prediction"] == "rank" and results["finetune"]["classification"] == "rank"
     assert spam["num_examples"] == len(downstream.load_examples("downstream_spam", "test"))
     assert set(spam["metrics"]) >= {"accuracy", "f1_macro", "score"}
     on_disk = json.loads((out / "results.json").read_text())
@@ -41,6 +44,24 @@ def test_finetune_beats_majority_baseline_on_spam_and_resumes(pretrained_dir, tm
     assert not again["finetune"]["runs"][0]["trained"]
     assert os.stat(ckpt).st_mtime_ns == mtime
     assert again["tasks"]["downstream_spam"]["score"] == spam["score"]
+
+    # rank classification predicts a label for every example; greedy decoding is the alternative
+    rows = [json.loads(r) for r in preds]
+    assert {r["output"] for r in rows} <= {"ham", "spam"}
+    predictor = infer.load_predictor(str(out / "finetune" / "downstream_spam"))
+    texts = [r["inputs"] for r in rows[:8]]
+    labels, scores = evaluate.rank_classify(predictor, texts, ["ham", "spam"])
+    ll = infer.score(predictor, [t for t in texts for _ in "ab"], ["ham", "spam"] * len(texts))
+    for i in range(len(texts)):
+        assert labels[i] == ["ham", "spam"][int(ll[2 * i + 1] > ll[2 * i])]
+        assert scores[i] == pytest.approx(max(ll[2 * i], ll[2 * i + 1]), abs=1e-4)
+    assert labels == [r["output"] for r in rows[:8]]
+    decoded = evaluate.evaluate_task(predictor, "downstream_spam", str(tmp_path / "greedy"),
+                                     classification="decode")
+    assert decoded["prediction"] == "greedy"
+    assert decoded["num_examples"] == spam["num_examples"]
+    with pytest.raises(ValueError, match="classification must be one of"):
+        evaluate.evaluate_task(predictor, "downstream_spam", str(tmp_path), classification="x")
 
 
 def test_cli_errors(tmp_path, pretrained_dir, capsys):

@@ -109,6 +109,16 @@ def test_score_matches_model_score(predictor):
     assert all(s < 0 for s in scores)
 
 
+def test_rank_equals_score_of_every_pair(predictor):
+    labels = ["ham", "spam", "a much longer label"]
+    ranked = infer.rank(predictor, TEXTS, labels, batch_size=2)  # 2 batches, one padded
+    assert ranked.shape == (3, 3)
+    pairs = infer.score(predictor, [t for t in TEXTS for _ in labels], labels * len(TEXTS))
+    np.testing.assert_allclose(ranked.ravel(), pairs, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        infer.rank(predictor, TEXTS, [])
+
+
 def test_cli_txt_and_jsonl(tmp_path, pretrained_dir, predictor):
     txt = tmp_path / "in.txt"
     txt.write_text("\n".join(TEXTS[:2]) + "\n\n", encoding="utf-8")

@@ -82,7 +82,7 @@ def sweep_scale(
     train_flags: Sequence[str] = (),
 ) -> ScaleSpec:
     """The bound scale. `evaluate_flags` go to `python -m t5x_like.evaluate` as they are
-    (e.g. '--multitask', '--finetune_steps=300'); `evaluate_bindings` become `--gin.K=V`;
+    (e.g. '--multitask', '--finetune_steps=200'); `evaluate_bindings` become `--gin.K=V`;
     `train_flags` go to `python -m t5x_like.train` (e.g. '--tfds_data_dir=...')."""
     if corpus not in ("c4like", "c4"):
         raise ValueError(f"sweep_scale.corpus must be 'c4like' or 'c4', got {corpus!r}")

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from t5x_like.models import TransformerConfig, make_model
-from t5x_like.models.decoding import _filter_logits, decode, length_penalty
+from t5x_like.models.decoding import _filter_logits, decode, length_penalty, score_candidates
 
 TINY = dict(
     vocab_size=64,
@@ -238,6 +238,28 @@ def test_beam_scores_sorted_and_match_model_score(name):
         # the best beam is at least as good as greedy under the same (penalised) score
         greedy_score = greedy["log_probs"][row, 0] / length_penalty(greedy["lengths"][row, 0], 0.6)
         assert scores[row, 0] >= greedy_score - 1e-5
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_score_candidates_matches_model_score(name):
+    """Cached rank scoring = `model.score` of each prompt + candidate, padding unscored."""
+    model, params = setup(name)
+    batch = prompts(name)
+    candidates = np.asarray([[7, 1, 0], [12, 30, 1], [1, 0, 0]], np.int32)  # EOS-ended, padded
+    got = np.asarray(score_candidates(model, params, batch, candidates))
+    assert got.shape == (2, 3) and np.all(got < 0)
+    score = jax.jit(model.score)
+    for row in range(2):
+        for c, cand in enumerate(candidates):
+            target = cand[cand > 0]
+            x, start = uncached_batch(name, batch, row, target[:-1])
+            full = np.zeros_like(x["decoder_input_tokens"])
+            full[0, start : start + len(target)] = target
+            span = np.arange(full.shape[1]) - start
+            weights = ((span >= 0) & (span < len(target))).astype(np.int32)[None]
+            x.update(decoder_target_tokens=full, decoder_loss_weights=weights)
+            np.testing.assert_allclose(got[row, c], score(params, x)[0], rtol=1e-5, atol=1e-5)
+    assert len({round(float(v), 4) for v in got[0]}) == 3  # candidates are told apart
 
 
 def test_tiny_model_learns_to_copy():

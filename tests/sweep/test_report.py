@@ -76,6 +76,12 @@ def test_schema_markdown_and_plots(tmp_path):
     assert (tmp_path / "bench" / "t5_tables_micro_loss_curves.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "bench" / "t5_tables_micro.json").read_text())
     assert saved["tables"]["table3"]["kendall_tau"] == pytest.approx(1.0)
+    assert "## Discussion" not in md
+    # a hand-written analysis beside the results survives regenerating them
+    (tmp_path / "bench" / "t5_tables_micro_discussion.md").write_text("## Discussion\n\nWhy.\n")
+    report.write(data, cells, str(tmp_path), out=str(out))
+    md = (tmp_path / "bench" / "t5_tables_micro.md").read_text()
+    assert md.rstrip().endswith("## Discussion\n\nWhy.") and "| BERT-style |" in md
 
 
 def test_missing_cells_are_dashes(tmp_path):
