@@ -85,6 +85,17 @@ def uncached_batch(name: str, batch: dict, row: int, generated: np.ndarray) -> t
     return out, len(prompt) - 1
 
 
+def scored_batch(name: str, batch: dict, row: int, target: np.ndarray) -> dict:
+    """`model.score` batch whose weighted targets are `target` (EOS-ended) after row's prompt."""
+    x, start = uncached_batch(name, batch, row, target[:-1])
+    full = np.zeros_like(x["decoder_input_tokens"])
+    full[0, start : start + len(target)] = target
+    span = np.arange(full.shape[1]) - start
+    weights = ((span >= 0) & (span < len(target))).astype(np.int32)[None]
+    x.update(decoder_target_tokens=full, decoder_loss_weights=weights)
+    return x
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_greedy_matches_uncached_argmax(name):
     model, params = setup(name)
@@ -228,12 +239,7 @@ def test_beam_scores_sorted_and_match_model_score(name):
         assert len({tuple(t) for t in np.asarray(out["tokens"][row])}) == 3
         for j in range(3):
             generated = np.asarray(out["tokens"][row, j, : lengths[row, j]])
-            x, start = uncached_batch(name, batch, row, generated[:-1])
-            target = np.zeros_like(x["decoder_input_tokens"])
-            target[0, start : start + len(generated)] = generated
-            span = np.arange(target.shape[1]) - start
-            weights = ((span >= 0) & (span < len(generated))).astype(np.int32)[None]
-            x.update(decoder_target_tokens=target, decoder_loss_weights=weights)
+            x = scored_batch(name, batch, row, generated)
             np.testing.assert_allclose(score(params, x)[0], out["log_probs"][row, j], rtol=1e-5)
         # the best beam is at least as good as greedy under the same (penalised) score
         greedy_score = greedy["log_probs"][row, 0] / length_penalty(greedy["lengths"][row, 0], 0.6)
@@ -251,13 +257,7 @@ def test_score_candidates_matches_model_score(name):
     score = jax.jit(model.score)
     for row in range(2):
         for c, cand in enumerate(candidates):
-            target = cand[cand > 0]
-            x, start = uncached_batch(name, batch, row, target[:-1])
-            full = np.zeros_like(x["decoder_input_tokens"])
-            full[0, start : start + len(target)] = target
-            span = np.arange(full.shape[1]) - start
-            weights = ((span >= 0) & (span < len(target))).astype(np.int32)[None]
-            x.update(decoder_target_tokens=full, decoder_loss_weights=weights)
+            x = scored_batch(name, batch, row, cand[cand > 0])
             np.testing.assert_allclose(got[row, c], score(params, x)[0], rtol=1e-5, atol=1e-5)
     assert len({round(float(v), 4) for v in got[0]}) == 3  # candidates are told apart
 
