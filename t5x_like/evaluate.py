@@ -105,6 +105,12 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     return summary
 
 
+def _check_classification(classification: str) -> None:
+    if classification not in CLASSIFICATION_MODES:
+        raise ValueError(f"classification must be one of {CLASSIFICATION_MODES}, "
+                         f"got {classification!r}")
+
+
 def rank_classify(predictor: infer.Predictor, inputs: Sequence[str], labels: Sequence[str],
                   rows: int = 512) -> tuple[list[str], list[float]]:
     """Rank classification: for each input, the label (+ EOS) with the highest log-likelihood
@@ -120,9 +126,7 @@ def evaluate_task(predictor: infer.Predictor, task: str, out_dir: str, batch_siz
     """Predicts `task`'s test split (rank classification or greedy decoding, see the module
     docstring), writes `predictions/<task>.jsonl`, returns the results.json entry
     `{'metrics', 'score', 'baseline', 'baseline_metrics', 'num_examples', 'prediction'}`."""
-    if classification not in CLASSIFICATION_MODES:
-        raise ValueError(f"classification must be one of {CLASSIFICATION_MODES}, "
-                         f"got {classification!r}")
+    _check_classification(classification)
     ds = _downstream()
     spec = ds.get_spec(task)
     examples = ds.load_examples(task, "test")
@@ -193,9 +197,7 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
     tasks = list(tasks) if tasks else list(ds.SUITE)
     for t in tasks:
         ds.get_spec(t)  # unknown task -> ValueError naming close matches
-    if classification not in CLASSIFICATION_MODES:
-        raise ValueError(f"classification must be one of {CLASSIFICATION_MODES}, "
-                         f"got {classification!r}")
+    _check_classification(classification)
     steps = int(finetune_steps or DEFAULT_FINETUNE_STEPS)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     start = time.perf_counter()
