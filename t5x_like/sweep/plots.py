@@ -50,7 +50,7 @@ def bar_chart(entry: Mapping[str, Any], path: str) -> None:
 def loss_curves(cells: Sequence[Cell], sweep_dir: str, path: str) -> None:
     """Pre-training loss vs step of every cell (from its pretrain/metrics.jsonl), one figure."""
     fig, axis = plt.subplots(figsize=(10, 6))
-    for cell in cells:
+    for index, cell in enumerate(cells):
         records = read_metrics(os.path.join(cell_dir(sweep_dir, cell), "pretrain"))
         by_step = {r["step"]: r["loss"] for r in records
                    if r.get("split") == "train" and "loss" in r}
@@ -58,7 +58,9 @@ def loss_curves(cells: Sequence[Cell], sweep_dir: str, path: str) -> None:
             continue
         steps = sorted(by_step)
         label = " / ".join(sorted({row for _, row in cell.rows})) + f" (seed {cell.seed})"
-        axis.plot(steps, [by_step[s] for s in steps], label=label, linewidth=1.2)
+        style = ("-", "--", ":", "-.")[index // 10 % 4]  # the colour cycle repeats after 10
+        axis.plot(steps, [by_step[s] for s in steps], label=label, linewidth=1.2,
+                  linestyle=style)
     axis.set_xlabel("pre-training step")
     axis.set_ylabel("training loss (per target token)")
     axis.set_title("Pre-training loss of every cell")

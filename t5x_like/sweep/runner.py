@@ -7,7 +7,10 @@ Layout of a cell, `<sweep_dir>/cells/<cell_id>/`:
   eval/          evaluate's out dir (finetune/, results.json, results.md); log in eval.log
   results.json   written last (atomically): the cell is done; a rerun skips it
 An interrupted cell resumes: the trainer restarts from its latest checkpoint and evaluate skips
-fine-tunes that reached their step count.
+fine-tunes that reached their step count. Cells run most expensive first (training FLOPs per
+sequence), so with `--parallel` the long decoder-only cells do not trail at the end, and share one
+persistent XLA compilation cache, `<sweep_dir>/xla_cache` (cells of one architecture compile the
+same fine-tuning and scoring programs).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from t5x_like.sweep.grid import Cell
 
 RESULTS = "results.json"
 CELL_SPEC = "cell.json"
+XLA_CACHE = "xla_cache"
 _PRINT_LOCK = threading.Lock()
 
 
@@ -101,10 +105,15 @@ def prepare(cell: Cell, scale: ScaleSpec, sweep_dir: str) -> str:
     return path
 
 
-def child_env() -> dict[str, str]:
+def child_env(cache_dir: str | None = None) -> dict[str, str]:
     """The subprocess environment: ours minus XLA's fake host device count (a test-suite
-    setting that would split the CPU into devices), unbuffered output."""
+    setting that would split the CPU into devices), unbuffered output, and JAX's persistent
+    compilation cache in `cache_dir` (every compiled program; unless the caller set one)."""
     env = dict(os.environ)
+    if cache_dir and "JAX_COMPILATION_CACHE_DIR" not in env:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     if flags.strip():
         env["XLA_FLAGS"] = flags.strip()
@@ -114,7 +123,8 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _run(argv: Sequence[str], log_path: str, what: str) -> tuple[float, float]:
+def _run(argv: Sequence[str], log_path: str, what: str,
+         cache_dir: str | None = None) -> tuple[float, float]:
     """Run one subprocess, appending its output to log_path; returns (wall, CPU) seconds
     (CPU = user + system of the process, from wait4: on a shared machine the wall time
     depends on the other load, the CPU time much less)."""
@@ -123,7 +133,7 @@ def _run(argv: Sequence[str], log_path: str, what: str) -> tuple[float, float]:
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env())
+                                env=child_env(cache_dir))
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
@@ -161,12 +171,13 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
             return json.load(f)
     with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
         spec = json.load(f)
+    cache_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), XLA_CACHE)
     log(f"[sweep] {name}: pre-training")
     pretrain_s, pretrain_cpu = _run(train_command(spec, path), os.path.join(path, "pretrain.log"),
-                                    f"{name}: python -m t5x_like.train")
+                                    f"{name}: python -m t5x_like.train", cache_dir)
     log(f"[sweep] {name}: pre-trained in {pretrain_s:.0f}s; evaluating")
     evaluate_s, evaluate_cpu = _run(evaluate_command(spec, path), os.path.join(path, "eval.log"),
-                                    f"{name}: python -m t5x_like.evaluate")
+                                    f"{name}: python -m t5x_like.evaluate", cache_dir)
     with open(os.path.join(path, "eval", "results.json"), encoding="utf-8") as f:
         evaluation = json.load(f)
     measured = costs.measure(spec["gin_files"], spec["bindings"], spec["sequence_length"])
@@ -200,12 +211,21 @@ def _locked_print(message: str) -> None:
         print(message, flush=True)
 
 
+def by_cost(cells: Sequence[Cell]) -> list[Cell]:
+    """The cells, most training FLOPs per sequence first (ties keep their order): started
+    first, the longest cells do not leave one core idle at the end of a parallel sweep."""
+    flops = {c.cell_id: costs.measure(c.gin_files, c.bindings, c.sequence_length)
+             ["flops_per_sequence"] for c in cells}
+    return sorted(cells, key=lambda c: -flops[c.cell_id])
+
+
 def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
               parallel: int = 1) -> list[str]:
-    """Run every cell (`parallel` at once; finished ones skipped); returns failure messages."""
+    """Run every cell (`parallel` at once, most expensive first; finished ones skipped);
+    returns failure messages."""
     if parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {parallel}")
-    paths = [prepare(c, scale, sweep_dir) for c in cells]
+    paths = [prepare(c, scale, sweep_dir) for c in by_cost(cells)]
     failures: list[str] = []
 
     def one(path: str) -> None:
@@ -224,7 +244,7 @@ def print_commands(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str) -> l
     """Write every cell.json and return one shell line per unfinished cell, each running that
     cell alone (`python -m t5x_like.sweep --run_cell=DIR`), for a cluster scheduler."""
     lines = []
-    for cell in cells:
+    for cell in by_cost(cells):
         path = prepare(cell, scale, sweep_dir)
         if not is_done(path):
             lines.append(shlex.join([sys.executable, "-m", "t5x_like.sweep",

@@ -7,7 +7,7 @@ import shlex
 import subprocess
 import sys
 
-from t5x_like.sweep import runner
+from t5x_like.sweep import costs, runner
 from t5x_like.sweep.__main__ import main
 
 T2 = "gin/sweeps/t5_table2_architectures.gin"
@@ -32,6 +32,9 @@ def test_print_commands_one_line_per_cell(tmp_path, capsys):
     shared = [json.loads(open(os.path.join(shlex.split(x)[3][11:], "cell.json")).read())
               for x in lines]
     assert sum(len(s["rows"]) == 2 for s in shared) == 1
+    flops = [costs.measure(s["gin_files"], s["bindings"], s["sequence_length"])
+             ["flops_per_sequence"] for s in shared]
+    assert flops == sorted(flops, reverse=True) and flops[0] > flops[-1]  # longest first
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):
@@ -57,6 +60,7 @@ def test_two_cell_micro_sweep_end_to_end_and_resume(tmp_path):
     log = _sweep(sweep_dir, out)
     cells = sorted(os.listdir(sweep_dir / "cells"))
     assert len(cells) == 2 and log.count(": pre-training") == 2
+    assert os.listdir(sweep_dir / runner.XLA_CACHE)  # the cells' shared compilation cache
     for cell in cells:
         results = json.loads((sweep_dir / "cells" / cell / "results.json").read_text())
         assert results["pretrain"]["final_step"] == 6
