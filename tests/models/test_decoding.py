@@ -287,7 +287,7 @@ def test_tiny_model_learns_to_copy():
         return optax.apply_updates(params, updates), opt_state
 
     rng, opt_state = np.random.RandomState(0), optimizer.init(params)
-    for _ in range(500):
+    for _ in range(1000):
         params, opt_state = train_step(params, opt_state, copy_batch(rng, 64))
     test = copy_batch(np.random.RandomState(1), 16)["decoder_target_tokens"]
     for pair in np.split(test, 8):
