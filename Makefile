@@ -3,20 +3,33 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+AOT_VENV ?= .venv-aot
+AOT_PY := $(AOT_VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-$(VENV)/.runtime-installed: requirements.txt
+# The package itself is installed editable, so `python -m t5x_like.*` works from any directory.
+$(VENV)/.runtime-installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+# Offline GPU/TPU compilers (python -m t5x_like.aot, the kernel compile check): their own venv,
+# so CUDA/TPU plugins never load in the training or test venv.
+$(AOT_VENV)/.aot-installed: requirements-aot.txt requirements.txt
+	test -x $(AOT_PY) || $(PYTHON) -m venv $(AOT_VENV)
+	$(AOT_PY) -m pip install -q --disable-pip-version-check -r requirements-aot.txt
+	$(AOT_PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 $(VENV)/.test-installed: requirements-test.txt $(VENV)/.runtime-installed
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt
 	touch $@
 
-.PHONY: install install-test pretrain test lint
+.PHONY: install install-test install-aot pretrain test lint check-kernels
 install: $(VENV)/.runtime-installed
 install-test: $(VENV)/.test-installed
+install-aot: $(AOT_VENV)/.aot-installed
 
 # Main job: fetch + clean the embedded corpus, build the vocabulary, run a short pre-training.
 pretrain: $(VENV)/.runtime-installed
@@ -28,3 +41,8 @@ lint: $(VENV)/.test-installed
 
 test: $(VENV)/.test-installed lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Compiles every flash-attention kernel for sm_80 and sm_90 with the real GPU compiler (no GPU):
+# fails when one stops compiling, spills registers or loses its pipelined loads.
+check-kernels: $(AOT_VENV)/.aot-installed
+	JAX_PLATFORMS=cpu $(AOT_PY) scripts/check_gpu_kernels.py

@@ -382,8 +382,10 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
 
 # CLI -------------------------------------------------------------------------------------------
 def read_inputs(path: str) -> list[dict[str, str]]:
-    """`{'inputs'[, 'targets']}` rows of a .txt (one input per non-empty line) or .jsonl file
-    (field 'inputs', optional 'targets'). Empty / non-UTF-8 / malformed files: InferenceError."""
+    """`{'inputs'[, 'targets']}` rows of a text file (one input per non-empty line) or a .jsonl /
+    .json file (JSON lines with field 'inputs', optional 'targets'; a .json file may also hold one
+    array of such objects). Empty / non-UTF-8 / malformed files, and JSON in a file named like
+    text: InferenceError."""
     import json
 
     if not os.path.isfile(path):
@@ -398,20 +400,63 @@ def read_inputs(path: str) -> list[dict[str, str]]:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise InferenceError(f"input file {path} is empty (no non-blank lines)")
-    if not path.endswith(".jsonl"):
+    if not path.endswith((".jsonl", ".json")):
+        if _looks_like_json_object(lines[0][1]):
+            raise InferenceError(
+                f"{path}:{lines[0][0]} holds a JSON object but the file is read as plain text "
+                "(one input per line): name it .jsonl to read the 'inputs'/'targets' fields")
         return [{"inputs": line} for _, line in lines]
-    rows = []
-    for n, line in lines:
+    if path.endswith(".json") and lines[0][1].lstrip().startswith("["):
         try:
-            row = json.loads(line)
+            items = json.loads(text)
         except json.JSONDecodeError as err:
-            raise InferenceError(f"{path}:{n}: invalid JSON ({err.msg})") from err
+            raise InferenceError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from err
+        if not isinstance(items, list):
+            raise InferenceError(f"{path}: expected a JSON array of objects or JSON lines")
+        entries = [(n, item) for n, item in enumerate(items, 1)]
+        where = "item"
+    else:
+        entries = []
+        for n, line in lines:
+            try:
+                entries.append((n, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise InferenceError(f"{path}:{n}: invalid JSON ({err.msg})") from err
+        where = "line"
+    rows = []
+    for n, row in entries:
+        path_n = f"{path}:{n}" if where == "line" else f"{path} item {n}"
         if not isinstance(row, dict) or not isinstance(row.get("inputs"), str):
-            raise InferenceError(f"{path}:{n}: expected an object with a string field 'inputs'")
+            raise InferenceError(f"{path_n}: expected an object with a string field 'inputs'")
         if "targets" in row and not isinstance(row["targets"], str):
-            raise InferenceError(f"{path}:{n}: field 'targets' must be a string")
+            raise InferenceError(f"{path_n}: field 'targets' must be a string")
         rows.append({k: row[k] for k in ("inputs", "targets") if k in row})
     return rows
+
+
+def _looks_like_json_object(line: str) -> bool:
+    import json
+
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def check_output_file(path: str) -> None:
+    """Fail before any decoding when `path` cannot be written (predictions would be lost)."""
+    if os.path.isdir(path):
+        raise InferenceError(f"--output_file {path} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise InferenceError(f"--output_file {path}: cannot write to {existing}")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise InferenceError(f"--output_file {path} is not writable")
 
 
 def task_examples(name: str, split: str, predictor: Predictor,
@@ -457,7 +502,7 @@ def build_parser() -> Any:
     p.add_argument("--checkpoint", required=True, help="model dir or model_dir/checkpoints/STEP")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--input_file", help=".txt (one input per line) or .jsonl ('inputs', "
+    src.add_argument("--input_file", help="text (one input per line) or .jsonl/.json ('inputs', "
                      "optional 'targets': also scored)")
     src.add_argument("--task", help="a registered task (downstream_* or a seqio task)")
     p.add_argument("--split", default="test", help="task split (default: test)")
@@ -492,6 +537,7 @@ def main(argv: Sequence[str]) -> int:
         args = build_parser().parse_args(rest)
         start = time.perf_counter()
         mesh = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
+        check_output_file(args.output_file)
         rows = read_inputs(args.input_file) if args.input_file else None
         predictor = load_predictor(
             args.checkpoint, gin_files=args.gin_file, step=args.step, mesh_shape=mesh,

@@ -170,3 +170,35 @@ def test_cli_errors(tmp_path, pretrained_dir, capsys):
     for argv, message in cases:
         assert infer.main([*argv, out]) == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def test_read_inputs_decides_json_by_content_and_extension(tmp_path):
+    pairs = [{"inputs": "a b", "targets": "c"}, {"inputs": "d"}]
+    lines = "\n".join(json.dumps(p) for p in pairs) + "\n"
+    for name in ("x.jsonl", "x.json"):  # JSON lines under either JSON name
+        (tmp_path / name).write_text(lines, encoding="utf-8")
+        assert infer.read_inputs(str(tmp_path / name)) == pairs
+    (tmp_path / "arr.json").write_text(json.dumps(pairs), encoding="utf-8")
+    assert infer.read_inputs(str(tmp_path / "arr.json")) == pairs
+    (tmp_path / "x.txt").write_text(lines, encoding="utf-8")  # JSON in a text file: refused
+    with pytest.raises(infer.InferenceError, match="name it .jsonl"):
+        infer.read_inputs(str(tmp_path / "x.txt"))
+    (tmp_path / "bad.json").write_text('[{"inputs": 3}]', encoding="utf-8")
+    with pytest.raises(infer.InferenceError, match="item 1: expected an object"):
+        infer.read_inputs(str(tmp_path / "bad.json"))
+    (tmp_path / "braces.txt").write_text("{not json} is fine as text\n", encoding="utf-8")
+    assert infer.read_inputs(str(tmp_path / "braces.txt")) == [
+        {"inputs": "{not json} is fine as text"}]
+
+
+def test_unwritable_output_file_fails_before_decoding(tmp_path, capsys):
+    good = tmp_path / "ok.txt"
+    good.write_text("hi\n", encoding="utf-8")
+    # (Permission bits do not stop root, who runs CI: a path under a regular file cannot be made.)
+    for out, message in ((good / "sub" / "o.jsonl", "cannot write to"),
+                         (tmp_path, "is a directory")):
+        # A checkpoint that does not exist: the output check must come first.
+        argv = [f"--checkpoint={tmp_path / 'missing'}", f"--input_file={good}",
+                f"--output_file={out}"]
+        assert infer.main(argv) == 2
+        assert message in capsys.readouterr().err

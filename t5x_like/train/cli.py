@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import inspect
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -86,7 +89,65 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
     try:
         gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError, ImportError, OSError) as err:
-        raise ConfigError(f"invalid gin config: {err}") from err
+        unquoted = _unquoted_string(str(err), bindings)
+        if unquoted:
+            raise ConfigError(unquoted) from err
+        raise ConfigError(f"invalid gin config: {err}{gin_error_hint(str(err))}") from err
+
+
+def _configurables() -> dict[str, object]:
+    """Registered gin configurables by short name (``train``, ``make_model``, ...)."""
+    return {selector.rsplit(".", 1)[-1]: c
+            for selector, c in gin.config._REGISTRY.items()}  # noqa: SLF001 - no public listing
+
+
+def _parameters(configurable: object) -> list[str]:
+    fn = getattr(configurable, "wrapped", None)
+    if fn is None:
+        return []
+    if inspect.isclass(fn):
+        fn = fn.__init__
+    return [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _unquoted_string(message: str, bindings: Sequence[str]) -> str | None:
+    """Gin reads a bare word as a Python literal, so ``--gin.train.task=c4like_prefix_lm`` fails
+    with "malformed node or string": say that strings need quotes, naming the binding."""
+    token = re.search(r"Failed to parse token '([^']*)'", message)
+    if not token:
+        return None
+    word = token.group(1)
+    key = next((b.split("=", 1)[0].strip() for b in bindings
+                if "=" in b and b.split("=", 1)[1].strip() == word), None)
+    if key is None:  # in a gin file: gin's message names the file and line
+        return None
+    return (f"invalid gin binding {key}={word}: gin strings need quotes: "
+            f"--gin.{key}=\"'{word}'\" on the command line, {key} = '{word}' in a gin file")
+
+
+def gin_error_hint(message: str) -> str:
+    """A hint naming the closest registered names for a misspelled configurable or parameter,
+    or the quotes a bare word needs."""
+    token = re.search(r"Failed to parse token '([^']*)'", message)
+    if token:
+        return f"\n  hint: gin strings need quotes: '{token.group(1)}'"
+    found = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", message)
+    configurables = _configurables()
+    if found:
+        name, param = found.groups()
+        configurable = configurables.get(name.rsplit(".", 1)[-1])
+        hint = _did_you_mean(param, _parameters(configurable)) if configurable else ""
+        return f"\n  hint:{hint}" if hint else ""
+    found = re.search(r"No configurable matching '([\w.]+)'", message)
+    if found:
+        hint = _did_you_mean(found.group(1).rsplit(".", 1)[-1], sorted(configurables))
+        return f"\n  hint:{hint}" if hint else ""
+    return ""
 
 
 def main(argv: Sequence[str]) -> int:

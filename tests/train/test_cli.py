@@ -71,3 +71,47 @@ def test_module_entry_point_help_and_error_exit_codes(tmp_path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "batchsize" in bad.stderr
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("--gin.train.num_train_stepz=5", "Did you mean 'num_train_steps'?"),
+        ("--gin.trian.batch_size=5", "Did you mean 'train'?"),
+        ("--gin.create_optimizer.nmae='adamw'", "Did you mean 'name'?"),
+    ],
+)
+def test_misspelled_binding_suggests_the_closest_name(tmp_path, capsys, flag, expected) -> None:
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}", flag])
+    assert rc == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_unquoted_gin_string_says_strings_need_quotes(tmp_path, capsys) -> None:
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}",
+                   "--gin.train.task=c4like_prefix_lm"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.splitlines()[0] == (
+        "error: invalid gin binding train.task=c4like_prefix_lm: gin strings need quotes: "
+        "--gin.train.task=\"'c4like_prefix_lm'\" on the command line, "
+        "train.task = 'c4like_prefix_lm' in a gin file")
+    assert "ast.Name" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_unquoted_string_in_a_gin_file_gets_a_hint(tmp_path) -> None:
+    bad = tmp_path / "bad.gin"
+    bad.write_text("train.task = c4like_prefix_lm\n", encoding="utf-8")
+    with pytest.raises(cli.ConfigError, match="gin strings need quotes: 'c4like_prefix_lm'"):
+        cli.parse_gin(["gin/runs/quickstart.gin", str(bad)], [])
+
+
+def test_commands_work_outside_the_repository(tmp_path) -> None:
+    """`make install` installs the package (editable): `python -m t5x_like.*` needs no cwd or
+    PYTHONPATH, as the sweep's printed cluster commands assume."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "t5x_like.train", "--help"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--gin_file" in done.stdout
