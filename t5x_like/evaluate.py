@@ -37,6 +37,7 @@ import numpy as np
 
 from t5x_like import infer
 from t5x_like.train import cli
+from t5x_like.train.checkpoints import CheckpointUnreadableError
 
 DEFAULT_FINETUNE_STEPS = 200
 CLASSIFICATION_MODES = ("rank", "decode")
@@ -275,7 +276,7 @@ def main(argv: Sequence[str]) -> int:
             multitask=args.multitask, classification=args.classification,
             gin_files=args.gin_file,
             gin_bindings=[*args.gin_bindings, *gin_flags])
-    except (infer.InferenceError, cli.ConfigError, ValueError) as err:
+    except (infer.InferenceError, cli.ConfigError, CheckpointUnreadableError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"[t5x_like.evaluate] suite average {results['suite_average']:.2f} (baseline "

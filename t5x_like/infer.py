@@ -170,7 +170,13 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     _, shardings = P.param_shardings(boxed, mesh, rules)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             nn.unbox(boxed), shardings)
-    params = C.load_params(os.path.join(model_dir, C.CHECKPOINT_SUBDIR, str(step)), abstract)
+    try:
+        params = C.load_params(os.path.join(model_dir, C.CHECKPOINT_SUBDIR, str(step)), abstract)
+    except C.CheckpointUnreadableError as err:
+        others = [s for s in checkpoint_steps(model_dir) if s != step]
+        hint = (f"other checkpoints: steps {others} (pass --step=N)" if others
+                else "no other checkpoint in this model dir")
+        raise InferenceError(f"{err}; {hint}") from err
     from t5x_like import data
 
     return Predictor(model=model, params=params, vocabulary=data.get_vocabulary(vocab_name),

@@ -10,13 +10,24 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 short by a kill leaves only a temporary directory that ``latest_step`` never reports. The per
 process tf.data state is written before the orbax save starts and is only read for steps orbax
 reports as complete; stale ones are pruned.
+
+A complete step can still be unreadable (a truncated data file, a deleted ``_METADATA``: disk
+full, a bad copy). ``restore_latest`` then falls back to the newest readable step with a warning
+and moves each unreadable newer step aside to ``checkpoints/<step>.unreadable`` (so retention,
+which keeps the newest steps, can never delete the readable one in its favour, and the step is
+saved afresh when training reaches it again).
 """
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -29,6 +40,87 @@ DATA_STATE_SUBDIR = "data_state"
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint's parameter tree does not match the model being trained."""
+
+
+class CheckpointUnreadableError(RuntimeError):
+    """A complete checkpoint step cannot be read (missing metadata, truncated or corrupt data)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"checkpoint {where} is unreadable: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+def _first_line(err: BaseException) -> str:
+    """The most specific one-line cause of an orbax/tensorstore error (they nest and are long)."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    text = str(err).strip().splitlines()
+    line = text[0] if text else type(err).__name__
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _drop_abandoned_reads(unraisable: Any) -> None:
+    """sys.unraisablehook: silences orbax read coroutines abandoned by a failed restore."""
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
+
+
+class _DropAbandonedReads(logging.Filter):
+    """asyncio logs each of orbax's abandoned reads ('exception was never retrieved') when it is
+    collected, often at exit. Installed only after a failed restore; orbax's own save errors
+    are raised by its calls, never only logged here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exception was never retrieved" not in record.getMessage()
+
+
+def _silence_abandoned_reads() -> None:
+    sys.unraisablehook = _drop_abandoned_reads
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropAbandonedReads) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_DropAbandonedReads())
+
+
+def _quiet_restore(restore: Callable[[], Any], where: str) -> Any:
+    """``restore()``, or CheckpointUnreadableError with the cause in one line.
+
+    When one array of a corrupt step fails to read, orbax abandons its other reads: each prints
+    an 'Event loop is closed' traceback as it completes, and each abandoned coroutine another
+    when collected, at exit (thousands of lines in all). What reaches fd 2 during a failed
+    restore is therefore dropped (it is replayed after a successful one), unraisable errors of
+    orbax's abandoned reads (unraisable coroutines, asyncio's 'never retrieved' records) are
+    silenced from then on, and the caller gets one line.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    result, reason = None, None
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            try:
+                result = restore()
+            except Exception as err:  # noqa: BLE001 - tensorstore/orbax raise many types
+                reason = _first_line(err)
+                del err  # its traceback holds the abandoned reads
+                _silence_abandoned_reads()
+                time.sleep(0.5)  # in-flight reads finish printing into the held file
+                gc.collect()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        if reason is None:
+            held.seek(0)
+            os.write(2, held.read())
+    if reason is not None:
+        raise CheckpointUnreadableError(where, reason)
+    return result
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -180,13 +272,21 @@ class Checkpointer:
 
     def state_metadata(self, step: int) -> Any:
         """The saved train state's tree of array metadata (shapes, dtypes)."""
-        meta = self.manager.item_metadata(step)
-        return _metadata_tree(meta["state"])
+        where = os.path.join(self.directory, str(step))
+        try:
+            meta = _metadata_tree(self.manager.item_metadata(step)["state"])
+        except Exception as err:  # noqa: BLE001 - orbax raises many types for a broken step
+            raise CheckpointUnreadableError(where, _first_line(err)) from err
+        if not isinstance(meta, Mapping) or "params" not in meta:
+            raise CheckpointUnreadableError(
+                where, "its tree metadata (state/_METADATA) is missing or incomplete")
+        return meta
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """Restore ``step`` onto the shardings of ``abstract_state`` (ShapeDtypeStructs).
 
-        Raises CheckpointMismatchError naming each parameter whose shape differs.
+        Raises CheckpointMismatchError naming each parameter whose shape differs, and
+        CheckpointUnreadableError (one line, the cause) when the step's files cannot be read.
         """
         saved = self.state_metadata(step)
         compare_trees(
@@ -196,13 +296,68 @@ class Checkpointer:
         compare_trees(
             abstract_state, saved, what=f"checkpoint {self.directory}/{step} (optimizer state)"
         )
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-            ),
-        )
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+        restored = _quiet_restore(lambda: self.manager.restore(step, args=args),
+                                  os.path.join(self.directory, str(step)))
         return restored["state"], dict(restored["data"] or {})
+
+    def restore_latest(
+        self, abstract_state: Any, *, step: int | None = None,
+        warn: Callable[[str], None] = print, move_aside: bool = True,
+    ) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, data_state) of ``step``, or of the newest readable step; None if none.
+
+        With ``step=None`` unreadable newer steps are reported through ``warn`` and (with
+        ``move_aside``, for the run's own model dir) renamed ``<step>.unreadable``; if no step is
+        readable, CheckpointUnreadableError lists them.
+        An explicit ``step`` is restored or fails, naming the other complete steps.
+        """
+        steps = sorted(self.all_steps())
+        if step is not None:
+            if step not in steps:
+                raise FileNotFoundError(f"no complete checkpoint for step {step} in "
+                                        f"{self.directory} (have {steps})")
+            try:
+                return (step, *self.restore(step, abstract_state))
+            except CheckpointUnreadableError as err:
+                others = [s for s in steps if s != step]
+                raise CheckpointUnreadableError(
+                    err.where, f"{err.reason}\n  other complete checkpoints: {others}; resume "
+                    "from one with --gin.train.restore_step=N, or leave restore_step unset to "
+                    "fall back to the newest readable one") from err
+        failed = []
+        for candidate in reversed(steps):
+            try:
+                state, data_state = self.restore(candidate, abstract_state)
+            except CheckpointUnreadableError as err:
+                failed.append(err)
+                warn(f"[t5x_like.train] WARNING: {err}; trying an older checkpoint")
+                continue
+            for err in failed if move_aside else ():
+                self._move_aside(err.where, warn)
+            return candidate, state, data_state
+        if failed:
+            raise CheckpointUnreadableError(
+                self.directory, "no complete checkpoint is readable:\n  "
+                + "\n  ".join(f"{e.where}: {e.reason}" for e in failed))
+        return None
+
+    def _move_aside(self, step_dir: str, warn: Callable[[str], None]) -> None:
+        """Rename an unreadable step dir out of orbax's step namespace (process 0 does it)."""
+        target = step_dir + ".unreadable"
+        if jax.process_index() == 0:
+            n = 1
+            while os.path.exists(target):
+                n += 1
+                target = f"{step_dir}.unreadable{n}"
+            os.rename(step_dir, target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"t5x_like_move_aside_{step_dir}")
+        self.manager.reload()
+        warn(f"[t5x_like.train] moved unreadable {step_dir} to {target}")
 
     def close(self) -> None:
         """Finish pending saves and release the manager."""
@@ -241,7 +396,13 @@ def load_params(path: str, abstract_params: Any) -> Any:
         )
     state_dir = _find_state_dir(path)
     checkpointer = ocp.PyTreeCheckpointer()
-    meta = _metadata_tree(checkpointer.metadata(state_dir))
+    try:
+        meta = _metadata_tree(checkpointer.metadata(state_dir))
+    except Exception as err:  # noqa: BLE001 - orbax raises many types for a broken dir
+        raise CheckpointUnreadableError(state_dir, _first_line(err)) from err
+    if not isinstance(meta, Mapping) or not meta:
+        raise CheckpointUnreadableError(
+            state_dir, "its tree metadata (_METADATA) is missing: not a complete orbax checkpoint")
     has_wrapper = isinstance(meta, Mapping) and "params" in meta and "opt_state" in meta
     found = meta["params"] if has_wrapper else meta
     if isinstance(found, Mapping) and set(found) == {"params"}:
@@ -252,14 +413,10 @@ def load_params(path: str, abstract_params: Any) -> Any:
     target: Any = {"params": abstract_params} if nested else abstract_params
     if has_wrapper:
         target = {"params": target}
-    restored = checkpointer.restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(
-            item=target,
-            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-            partial_restore=True,
-        ),
-    )
+    args = ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)
+    restored = _quiet_restore(lambda: checkpointer.restore(state_dir, args=args), state_dir)
     if has_wrapper:
         restored = restored["params"]
     return restored["params"] if nested else restored

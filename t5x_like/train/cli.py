@@ -150,6 +150,13 @@ def gin_error_hint(message: str) -> str:
     return ""
 
 
+def _message(err: BaseException) -> str:
+    """The error's message without the "In call to configurable ..." line gin appends."""
+    lines = str(err).rstrip().splitlines()
+    return "\n".join(line for line in lines
+                     if not line.strip().startswith("In call to configurable"))
+
+
 def main(argv: Sequence[str]) -> int:
     """Entry point; returns the process exit status."""
     try:
@@ -173,24 +180,27 @@ def main(argv: Sequence[str]) -> int:
     from t5x_like.train import trainer
 
     kwargs = {} if args.model_dir is None else {"model_dir": args.model_dir}
-    from t5x_like.train.checkpoints import CheckpointMismatchError
+    from t5x_like.train.checkpoints import CheckpointMismatchError, CheckpointUnreadableError
 
     try:
         last = trainer.train(**kwargs)
     except CheckpointMismatchError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_message(err)}", file=sys.stderr)
         return 4
+    except (CheckpointUnreadableError, FileNotFoundError) as err:
+        print(f"error: {_message(err)}", file=sys.stderr)
+        return 2
     except trainer.Preempted:
         return 0
     except trainer.NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_message(err)}", file=sys.stderr)
         return 3
     except trainer.MissingBindingError as err:
-        print(f"error: missing required gin binding: {err}", file=sys.stderr)
+        print(f"error: missing required gin binding: {_message(err)}", file=sys.stderr)
         return 2
     except RuntimeError as err:
         if "Required bindings" in str(err):
-            print(f"error: missing required gin binding: {err}", file=sys.stderr)
+            print(f"error: missing required gin binding: {_message(err)}", file=sys.stderr)
             return 2
         raise
     import jax

@@ -169,12 +169,10 @@ def train(
     source = checkpointer
     if restore_dir and checkpointer.latest_step() is None:
         source = C.Checkpointer(restore_dir, save_interval_steps=checkpoint_every, keep=None)
-    step0 = restore_step if restore_step is not None else source.latest_step()
-    if step0 is not None:
-        if step0 not in source.all_steps():
-            raise FileNotFoundError(f"no complete checkpoint for step {step0} in "
-                                    f"{source.directory} (have {source.all_steps()})")
-        state, data_state = source.restore(step0, plan.abstract)
+    restored = source.restore_latest(plan.abstract, step=restore_step, warn=writer.console,
+                                     move_aside=source is checkpointer)
+    if restored is not None:
+        step0, state, data_state = restored
         how = "not needed"
         if step0 < num_train_steps:
             how = train_data.restore(data_state, source.data_state_path(step0))
