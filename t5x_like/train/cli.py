@@ -180,6 +180,7 @@ def main(argv: Sequence[str]) -> int:
     from t5x_like.train import trainer
 
     kwargs = {} if args.model_dir is None else {"model_dir": args.model_dir}
+    from t5x_like.data.vocab import VocabularyError
     from t5x_like.train.checkpoints import CheckpointMismatchError, CheckpointUnreadableError
 
     try:
@@ -187,7 +188,8 @@ def main(argv: Sequence[str]) -> int:
     except CheckpointMismatchError as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         return 4
-    except (CheckpointUnreadableError, FileNotFoundError) as err:
+    except (CheckpointUnreadableError, FileNotFoundError, trainer.InvalidRunError,
+            VocabularyError) as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         return 2
     except trainer.Preempted:

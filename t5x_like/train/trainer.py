@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import signal
 import time
 from collections.abc import Mapping
@@ -70,13 +71,70 @@ class _SignalFlag:
         return bool(np.any(flags))
 
 
+class InvalidRunError(ValueError):
+    """The run's settings cannot work (found before any compute; nothing is written)."""
+
+
 def write_operative_config(model_dir: str) -> None:
-    """Save gin's operative config (every binding actually used) to ``model_dir/config.gin``."""
+    """Save gin's operative config (every binding actually used) to ``model_dir/config.gin``.
+
+    ``train.model_dir`` is written as the absolute path, so the saved config means the same run
+    from any working directory (e.g. in the evaluation recipe of gin/runs/eval.gin).
+    """
     if jax.process_index() != 0:
         return
     os.makedirs(model_dir, exist_ok=True)
+    text = re.sub(r"^train\.model_dir = .*\n", "", gin.operative_config_str(), flags=re.M)
+    text += f"\n# Where this run's checkpoints are (absolute).\ntrain.model_dir = {model_dir!r}\n"
     with open(os.path.join(model_dir, "config.gin"), "w", encoding="utf-8") as f:
-        f.write(gin.operative_config_str())
+        f.write(text)
+
+
+def _has_checkpoint(model_dir: str) -> bool:
+    root = os.path.join(model_dir, C.CHECKPOINT_SUBDIR)
+    return os.path.isdir(root) and any(n.isdigit() for n in os.listdir(root))
+
+
+def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
+              num_train_steps: int, batch_size: int, eval_every: int, eval_split: str,
+              restore_dir: str | None, init_params_path: str | None) -> None:
+    """Checks that need no compute, so a bad run fails in seconds with one message.
+
+    Counts are positive; an evaluation-only run (0 steps) has a checkpoint to evaluate; the task
+    exists and its data is prepared; the vocabulary loads and fits the model's embedding.
+    Raises InvalidRunError, VocabularyError or FileNotFoundError (all: exit 2 in the CLI).
+    """
+    if num_train_steps < 0:
+        raise InvalidRunError(f"train.num_train_steps={num_train_steps} must be >= 0 (0 = "
+                              "evaluate a trained checkpoint only)")
+    if batch_size < 1:
+        raise InvalidRunError(f"train.batch_size={batch_size} must be >= 1")
+    if num_train_steps == 0 and not (_has_checkpoint(model_dir) or restore_dir
+                                     or init_params_path):
+        raise InvalidRunError(
+            f"train.num_train_steps=0 (evaluation only) but {model_dir} has no checkpoint to "
+            "evaluate: is train.model_dir / --model_dir the trained run's directory?")
+    from t5x_like import data
+
+    try:
+        mixture = data.get_task(task, vocabulary)
+    except (KeyError, ValueError) as err:
+        raise InvalidRunError(f"train.task={task!r}: {err}") from err
+    splits = ["train"] if num_train_steps else []
+    splits += [eval_split] if eval_every else []
+    for sub in getattr(mixture, "tasks", [mixture]):
+        for split in splits:
+            if not sub.source.list_shards(split):  # sources raise their own "not prepared"
+                raise InvalidRunError(f"task {sub.name!r} has no data files for split {split!r}")
+    size = int(data.get_vocabulary(vocabulary).vocab_size)
+    model_size = int(model.config.vocab_size)
+    if size > model_size:
+        raise InvalidRunError(
+            f"train.vocabulary={vocabulary!r} has {size} ids (with sentinels) but the model's "
+            f"embedding has TransformerConfig.vocab_size={model_size} rows: token ids past "
+            f"{model_size - 1} would read garbage. Use a vocabulary that fits (the tiny presets "
+            "are for 'c4like_8k') or set TransformerConfig.vocab_size >= "
+            f"{-(-size // 128) * 128}.")
 
 
 def _scalars(tree: Mapping[str, Any]) -> dict[str, float]:
@@ -142,15 +200,18 @@ def train(
     if on_nonfinite not in S.NONFINITE_POLICIES:
         raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; one of {S.NONFINITE_POLICIES}")
     model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    preflight(model_dir=model_dir, model=model, task=task, vocabulary=vocabulary,
+              num_train_steps=num_train_steps, batch_size=batch_size, eval_every=eval_every,
+              eval_split=eval_split, restore_dir=restore_dir, init_params_path=init_params_path)
     is_main = jax.process_index() == 0
-    writer = M.MetricsWriter(model_dir, enabled=is_main, tensorboard=tensorboard)
     optimizer = optimizer if optimizer is not None else create_optimizer()
     mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
     rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
     if batch_size % shards:
-        raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch shards"
-                         f" of {P.describe(mesh)}")
+        raise InvalidRunError(f"train.batch_size={batch_size} not divisible by the {shards} "
+                              f"batch shards of {P.describe(mesh)}")
+    writer = M.MetricsWriter(model_dir, enabled=is_main, tensorboard=tensorboard)
     family = model.family
     writer.console(f"[t5x_like.train] {P.describe(mesh)}; {jax.process_count()} process(es); "
                    f"model_dir {model_dir}")

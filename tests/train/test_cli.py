@@ -115,3 +115,40 @@ def test_commands_work_outside_the_repository(tmp_path) -> None:
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--gin_file" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("bindings", "expected"),
+    [
+        (["train.num_train_steps=-5"], "train.num_train_steps=-5 must be >= 0"),
+        (["train.batch_size=0"], "train.batch_size=0 must be >= 1"),
+        (["train.batch_size=12"], "train.batch_size=12 not divisible by the 8 batch shards"),
+        (["train.task='c4like_span_corruptoin'"], "Did you mean: c4like_span_corruption"),
+        # the eval recipe (gin/runs/eval.gin) pointed at a directory without a checkpoint
+        (["train.num_train_steps=0", "train.eval_every=1"], "has no checkpoint to evaluate"),
+        # c4like_8k has 8000 pieces + 100 sentinel ids
+        (["TransformerConfig.vocab_size=4096"],
+         "has 8100 ids (with sentinels) but the model's embedding has "
+         "TransformerConfig.vocab_size=4096 rows"),
+    ],
+)
+def test_bad_run_settings_fail_before_compute(tmp_path, capsys, bindings, expected) -> None:
+    flags = [f"--gin.{b}" for b in bindings]
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert expected in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "m").exists()  # nothing was written
+
+
+def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> None:
+    """The eval recipe reads <run>/config.gin from any working directory."""
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", "--model_dir=rel_run",
+                   "--gin.train.num_train_steps=1", "--gin.train.batch_size=8",
+                   "--gin.train.sequence_length={'inputs': 32, 'targets': 8}",
+                   "--gin.train.checkpoint_every=1", "--gin.train.tensorboard=False"])
+    assert rc == 0
+    text = (tmp_path / "rel_run" / "config.gin").read_text(encoding="utf-8")
+    assert f"train.model_dir = {str(tmp_path / 'rel_run')!r}" in text
