@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from t5x_like.data import objectives as O
 from t5x_like.data import tasks
+from t5x_like.data.vocab import get_vocabulary
 
 
 @dataclasses.dataclass
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(vocabulary=args.vocabulary, inputs_length=args.inputs_length,
                   split=args.split, document=args.document, seed=args.seed)
     try:
+        # Resolved first: an unknown name raised inside tf.data comes wrapped in a staging trace.
+        get_vocabulary(args.vocabulary)
         if args.all:
             records = inspect_all(args.corpus, **common)
         else:
