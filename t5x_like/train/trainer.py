@@ -39,28 +39,40 @@ class MissingBindingError(RuntimeError):
 
 
 class Preempted(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """SIGTERM received; a checkpoint was saved."""
+    """SIGTERM or Ctrl-C (SIGINT) received; a checkpoint was saved."""
 
 
 class _SignalFlag:
-    """Records SIGTERM so the loop can checkpoint at the next step boundary."""
+    """Records SIGTERM / SIGINT so the loop can checkpoint at the next step boundary.
+
+    A first Ctrl-C asks for a clean stop (checkpoint, exit 0) like SIGTERM; a second one, while
+    that is under way, aborts at once (KeyboardInterrupt).
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.raised = False
-        self._previous: Any = None
+        self.name = ""
+        self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
         def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
+            if self.raised and signum == signal.SIGINT:
+                raise KeyboardInterrupt
             self.raised = True
+            self.name = signal.Signals(signum).name
 
-        try:
-            self._previous = signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not in the main thread
-            self._previous = None
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not in the main thread
+                pass
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def any_process(self) -> bool:
         if jax.process_count() == 1:
@@ -345,7 +357,7 @@ def train(
             if flag.any_process():
                 save(done, force=True)
                 checkpointer.wait()
-                writer.console(f"[t5x_like.train] SIGTERM: saved step {done}; exiting")
+                writer.console(f"[t5x_like.train] {flag.name}: saved step {done}; exiting")
                 raise Preempted(done)
         save(num_train_steps, force=True)
         checkpointer.wait()

@@ -102,17 +102,20 @@ def test_sigkill_then_resume_matches_uninterrupted_run(reference, tmp_path, comp
         assert got[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), step
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, compile_cache) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, compile_cache,
+                                                                sig) -> None:
     model_dir = tmp_path / "preempted"
     proc = _start(model_dir, "train.num_train_steps = 1000", "train.checkpoint_every = 1000",
                   cache=compile_cache)
     _wait_for_step(proc, model_dir, 2, timeout=240)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     saved = _steps(model_dir)
     assert len(saved) == 1 and saved[0] >= 2
-    assert f"SIGTERM: saved step {saved[0]}" in out
+    assert f"{sig.name}: saved step {saved[0]}" in out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_last_checkpoint(tmp_path, compile_cache) -> None:
