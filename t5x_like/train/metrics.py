@@ -96,6 +96,29 @@ class MetricsWriter:
                 if value is not None and math.isfinite(value):
                     self._tb.add_scalar(f"{split}/{key}", value, int(step))
 
+    def rewind(self, step: int) -> int:
+        """Drop ``metrics.jsonl`` rows after ``step``: a run resumed from that checkpoint logs
+        those steps again. A partial last line (killed mid-write) goes too. Returns the count."""
+        if not self.enabled or self._jsonl is None:
+            return 0
+        path = self._jsonl.name
+        self._jsonl.close()
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        keep = []
+        for line in lines:
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    keep.append(line)
+            except (ValueError, KeyError, TypeError):
+                pass
+        if len(keep) != len(lines):
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in keep))
+            os.replace(path + ".tmp", path)
+        self._jsonl = open(path, "a", encoding="utf-8")
+        return len(lines) - len(keep)
+
     def console(self, line: str) -> None:
         """Print one progress/status line (process 0 only)."""
         if self.enabled:

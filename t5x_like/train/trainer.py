@@ -246,6 +246,8 @@ def train(
                                      move_aside=source is checkpointer)
     if restored is not None:
         step0, state, data_state = restored
+        if source is checkpointer:
+            writer.rewind(step0)  # the steps after the checkpoint are logged again
         how = "not needed"
         if step0 < num_train_steps:
             how = train_data.restore(data_state, source.data_state_path(step0))

@@ -100,6 +100,9 @@ def test_sigkill_then_resume_matches_uninterrupted_run(reference, tmp_path, comp
     ref, got = _losses(reference), _losses(model_dir)
     for step in range(max(complete) + 1, 7):
         assert got[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), step
+    # metrics.jsonl was rewound to the checkpoint: each train step is logged once, in order.
+    rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
