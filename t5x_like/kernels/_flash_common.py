@@ -25,6 +25,8 @@ class FlashConfig:
 
     `lq`/`lk` are the true lengths, `lq_pad`/`lk_pad` the block multiples the kernels see.
     `group` = H // Hkv. `kv_pad_mask` masks keys >= lk when no segment ids carry the padding.
+    `block_q`/`block_k`/`num_warps`/`num_stages` are the forward kernel's; the backward kernels
+    (dK/dV and dQ) use the `bwd_*` ones. `lq_pad`/`lk_pad` are multiples of every block used.
     """
 
     backend: str
@@ -53,6 +55,18 @@ class FlashConfig:
     kv_pad_mask: bool
     num_warps: int
     num_stages: int
+    bwd_block_q: int
+    bwd_block_k: int
+    bwd_num_warps: int
+    bwd_num_stages: int
+
+    def __post_init__(self):
+        for name in ("block_q", "bwd_block_q"):
+            if self.lq_pad % getattr(self, name):
+                raise ValueError(f"lq_pad={self.lq_pad} is not a multiple of {name}")
+        for name in ("block_k", "bwd_block_k"):
+            if self.lk_pad % getattr(self, name):
+                raise ValueError(f"lk_pad={self.lk_pad} is not a multiple of {name}")
 
     @property
     def nq(self) -> int:
@@ -61,6 +75,13 @@ class FlashConfig:
     @property
     def nk(self) -> int:
         return self.lk_pad // self.block_k
+
+    def for_backward(self) -> FlashConfig:
+        """The same call with the backward blocks/warps/stages in the forward fields, so tile code
+        written against `block_q`/`block_k`/`nq`/`nk` serves the backward kernels unchanged."""
+        return dataclasses.replace(
+            self, block_q=self.bwd_block_q, block_k=self.bwd_block_k,
+            num_warps=self.bwd_num_warps, num_stages=self.bwd_num_stages)
 
 
 def dot(a: jax.Array, b: jax.Array, *, ta: bool = False, tb: bool = False) -> jax.Array:
@@ -96,12 +117,14 @@ def rel_bucket_tile(cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array) -> jax
 
 
 def _bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(min, max) bucket id present in a tile: the loops below visit only that range.
+    """(min, max) bucket id present in a tile [bq, bk]: the loops below visit only that range.
 
     Tiles farther than `max_distance` from the diagonal hold a single bucket, so there the loop
-    runs once; only near-diagonal tiles pay one select per bucket they contain.
+    runs once; only near-diagonal tiles pay one select per bucket they contain. One reduction
+    over the whole tile: reducing a row-reduced [bq] vector again lowers to a sublane gather in
+    Mosaic, which TPU v4 does not have.
     """
-    return jnp.min(jnp.min(bucket, axis=1), axis=0), jnp.max(jnp.max(bucket, axis=1), axis=0)
+    return jnp.min(bucket), jnp.max(bucket)
 
 
 def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> jax.Array:
@@ -171,11 +194,18 @@ def logits_tile(
     pk: jax.Array | None,
     table_row: jax.Array | None,
     bias: jax.Array | None,
+    rel_tile: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Scaled scores s [bq, bk] + biases, masked to -inf. Returns (logits, bucket ids or None)."""
+    """Scaled scores s [bq, bk] + biases, masked to -inf. Returns (logits, bucket ids or None).
+
+    `rel_tile` [bq, bk]: the T5 bias of the tile when the caller already has it (the GPU kernels
+    gather it); otherwise it is computed here from `table_row` and the bucket ids are returned.
+    """
     s = s * cfg.sm_scale if cfg.sm_scale != 1.0 else s
     bucket = None
-    if cfg.has_rel:
+    if cfg.has_rel and rel_tile is not None:
+        s = s + rel_tile
+    elif cfg.has_rel:
         bucket = rel_bucket_tile(cfg, q_idx, k_idx)
         s = s + rel_bias_tile(cfg, bucket, table_row)
     if cfg.has_bias:

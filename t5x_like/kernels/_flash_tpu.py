@@ -8,8 +8,14 @@ steps re-use the resident tile instead of fetching a new one. Arrays are head-ma
 `[B, H, L, D]` (Mosaic tiles the last two dims); segment ids / prefix flags are passed as
 `[B, L, 1]` columns for q and `[B, 1, L]` rows for k so their blocks are layout-legal.
 
-Verified here only in TPU interpret mode on CPU (`pltpu.force_tpu_interpret_mode()`), not yet
-compiled by Mosaic on a real TPU.
+The f32 per-row residuals (logsumexp, delta) are lane-major rows `[B, H, 1, Lq]` with `(1, bq)`
+blocks: a `[B, H, Lq, 1]` column would be padded to 128 lanes in HBM (128x the bytes). Kernels
+transpose the row to a `[bq, 1]` column once per tile. Every `pallas_call` carries a
+`cost_estimate` (so XLA's cost analysis and scheduler see the kernel's work) and, on a TPU, a
+`vmem_limit_bytes` from the blocks' VMEM footprint (`vmem_footprint`) and the chip's VMEM.
+
+Numerics are checked in TPU interpret mode on CPU; the kernels compile with libtpu (deviceless)
+for v4, v5e, v5p and v6e (`scripts/compile_tpu_kernels.py`); not yet run on a real TPU.
 """
 
 from __future__ import annotations
@@ -24,12 +30,94 @@ from jax.experimental.pallas import tpu as pltpu
 from t5x_like.kernels import _flash_common as fc
 from t5x_like.kernels._flash_common import FlashConfig, dot
 
+MIB = 2**20
+# Per TPU generation: (default scoped VMEM a kernel gets without vmem_limit_bytes, MXU width).
+_CHIPS = {"v4": (16 * MIB, 128), "v5e": (16 * MIB, 128), "v5p": (16 * MIB, 128),
+          "v6e": (32 * MIB, 256)}
 
-def _call(cfg: FlashConfig, kernel, **kwargs):
+
+def default_blocks(arch: str, head_dim: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((block_q, block_k) forward, (block_q, block_k) backward) for a TPU generation.
+
+    `arch`: 'v4', 'v5e', 'v5p', 'v6e' (unknown: v5e's). Blocks are multiples of the MXU width
+    (128 up to v5, 256 on v6e) that fit the default scoped VMEM (16 MiB, 32 MiB on v6e) in
+    every variant at head_dim 64 and 128, as libtpu compiled them
+    (benchmarks/flash_tpu_compile.md); larger blocks compile with a raised `vmem_limit_bytes`.
+    Not timed on a TPU: no speed claim.
+    """
+    mxu = _CHIPS.get(arch, _CHIPS["v5e"])[1]
+    if head_dim > 128:
+        return (mxu, mxu), (mxu, mxu)
+    return (2 * mxu, mxu), (mxu, mxu)
+
+
+def _tile_bytes(shape: tuple[int, ...], itemsize: int) -> int:
+    """VMEM bytes of a block: the last two dims padded to the (8 * packing, 128) tile."""
+    *lead, rows, cols = (1, *shape) if len(shape) == 1 else shape
+    sub = 8 * max(1, 4 // itemsize)
+    rows, cols = -(-rows // sub) * sub, -(-cols // 128) * 128
+    n = 1
+    for x in lead:
+        n *= x
+    return n * rows * cols * itemsize
+
+
+def vmem_footprint(blocks: list[tuple[tuple[int, ...], int]],
+                   scratch: list[tuple[tuple[int, ...], int]], bq: int, bk: int) -> int:
+    """Bytes of VMEM a kernel needs: double-buffered in/out blocks `(shape, itemsize)`, scratch,
+    and ~6 live f32 `[bq, bk]` tile temporaries (scores, probabilities, dS, mask, bias)."""
+    return (2 * sum(_tile_bytes(sh, n) for sh, n in blocks)
+            + sum(_tile_bytes(sh, n) for sh, n in scratch) + 6 * _tile_bytes((bq, bk), 4))
+
+
+def _chip() -> tuple[str, int] | None:
+    """(generation, VMEM bytes per core) of the TPU being compiled for, or None (not a TPU)."""
+    try:
+        info = pltpu.get_tpu_info()
+    except (ValueError, RuntimeError, AttributeError):
+        return None
+    return str(info.chip_version), info.vmem_capacity_bytes
+
+
+def vmem_limit(footprint: int, chip: tuple[str, int] | None) -> int | None:
+    """`vmem_limit_bytes` for a kernel: the footprint plus 25% and 2 MiB headroom, never below
+    the chip's default scoped VMEM, and above that never more than 3/4 of its VMEM (the
+    compiler keeps the rest for its own buffers)."""
+    if chip is None:
+        return None
+    arch, capacity = chip
+    default = _CHIPS.get(arch, (16 * MIB, 128))[0]
+    need = -(-(footprint * 5 // 4 + 2 * MIB) // MIB) * MIB
+    return max(default, min(need, capacity * 3 // 4))
+
+
+def _call(cfg: FlashConfig, kernel, *, footprint: int, cost: pl.CostEstimate, **kwargs):
+    limit = None if cfg.interpret else vmem_limit(footprint, _chip())
     params = pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+        vmem_limit_bytes=limit)
     interpret = pltpu.InterpretParams() if cfg.interpret else False
-    return pl.pallas_call(kernel, compiler_params=params, interpret=interpret, **kwargs)
+    return pl.pallas_call(kernel, compiler_params=params, interpret=interpret,
+                          cost_estimate=cost, **kwargs)
+
+
+def visited_fraction(cfg: FlashConfig) -> float:
+    """Share of the (q block, k block) tiles a kernel computes: 1, or under a plain causal mask
+    only the tiles on or below the diagonal (prefix / segment skipping is data-dependent)."""
+    if not cfg.causal or cfg.has_prefix:
+        return 1.0
+    visited = sum(min(cfg.nk, (i * cfg.block_q + cfg.block_q - 1) // cfg.block_k + 1)
+                  for i in range(cfg.nq))
+    return visited / (cfg.nq * cfg.nk)
+
+
+def _cost(cfg: FlashConfig, batch: int, matmuls: int, exps: int, arrays: list) -> pl.CostEstimate:
+    """XLA cost of a kernel: `matmuls` [bq, bk, D] products and `exps` exponentials per visited
+    tile entry; bytes = the arrays it reads and writes once."""
+    pairs = batch * cfg.num_heads * cfg.lq_pad * cfg.lk_pad * visited_fraction(cfg)
+    nbytes = sum(int(x.size) * x.dtype.itemsize for x in arrays)
+    return pl.CostEstimate(flops=int(2 * matmuls * pairs * cfg.head_dim_pad),
+                           transcendentals=int(exps * pairs), bytes_accessed=nbytes)
 
 
 def _side_arrays(cfg: FlashConfig, side: dict) -> dict:
@@ -65,7 +153,7 @@ def _specs(cfg: FlashConfig, q_outer: bool) -> dict[str, pl.BlockSpec]:
     specs = {
         "q": pl.BlockSpec((None, None, bq, d), lambda b, h, a, c: (b, h, qi(b, h, a, c), 0)),
         "k": pl.BlockSpec((None, None, bk, d), lambda b, h, a, c: (b, h // g, kj(b, h, a, c), 0)),
-        "lse": pl.BlockSpec((None, None, bq, 1), lambda b, h, a, c: (b, h, qi(b, h, a, c), 0)),
+        "lse": pl.BlockSpec((None, None, 1, bq), lambda b, h, a, c: (b, h, 0, qi(b, h, a, c))),
         "qcol": pl.BlockSpec((None, bq, 1), lambda b, h, a, c: (b, qi(b, h, a, c), 0)),
         "krow": pl.BlockSpec((None, 1, bk), lambda b, h, a, c: (b, 0, kj(b, h, a, c))),
         "smem": pl.BlockSpec(memory_space=pltpu.SMEM),
@@ -78,6 +166,14 @@ def _specs(cfg: FlashConfig, q_outer: bool) -> dict[str, pl.BlockSpec]:
     specs.update(v=specs["k"], do=specs["q"], delta=specs["lse"], qseg=specs["qcol"],
                  pq=specs["qcol"], kseg=specs["krow"], pk=specs["krow"], plen=specs["smem"])
     return specs
+
+
+def _segment_range(seg: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(min nonzero, max) id of a segment-id block ([bq, 1] column or [1, bk] row), reduced
+    over the whole 2-D block: a reduction of a sliced 1-D vector lowers to a sublane gather,
+    which TPU v4 does not support. An all-padding block gives (big, 0)."""
+    big = jnp.iinfo(jnp.int32).max
+    return jnp.min(jnp.where(seg == 0, big, seg)), jnp.max(seg)
 
 
 def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
@@ -97,7 +193,8 @@ def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
     if cfg.causal:
         needed = j < fc.causal_k_blocks(cfg, q0, plen)
     if cfg.has_seg:
-        needed &= fc.segments_overlap(fc.segment_range(qseg), fc.segment_range(kseg))
+        needed &= fc.segments_overlap(_segment_range(r["qseg"][...]),
+                                      _segment_range(r["kseg"][...]))
     return (q_idx, k_idx, qseg, kseg, pq, pk, tab, bias), needed
 
 
@@ -131,7 +228,13 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
         denom, m = r["l"][...], r["m"][...]
         empty = denom == 0.0
         r["o"][...] = (r["acc"][...] / jnp.where(empty, 1.0, denom)).astype(r["o"].dtype)
-        r["lse"][...] = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, denom)))
+        lse = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, denom)))  # [bq, 1]
+        r["lse"][...] = jnp.transpose(lse)  # lane-major row [1, bq]
+
+
+def _column(ref) -> jax.Array:
+    """A `[1, bq]` row block (logsumexp / delta) as the `[bq, 1]` column the tile math needs."""
+    return jnp.transpose(ref[...])
 
 
 def _to_head_major(x: jax.Array) -> jax.Array:
@@ -139,25 +242,41 @@ def _to_head_major(x: jax.Array) -> jax.Array:
 
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
-    """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad, 1] f32."""
+    """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, 1, Lq_pad] f32 (lane-major rows)."""
     batch, heads, bq, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.head_dim_pad
     names = ["q", "k", "v"] + fc.side_names(cfg)
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
             **_side_arrays(cfg, side)}
     specs = _specs(cfg, q_outer=True)
+    out_shape = (jax.ShapeDtypeStruct(args["q"].shape, q.dtype),
+                 jax.ShapeDtypeStruct((batch, heads, 1, cfg.lq_pad), jnp.float32))
+    scratch = [((bq, 1), 4), ((bq, 1), 4), ((bq, d), 4)]
+    footprint = vmem_footprint(_blocks(cfg, names, args, specs) + [((bq, d), q.dtype.itemsize),
+                                                                  ((1, bq), 4)],
+                               scratch, bq, cfg.block_k)
     o, lse = _call(
         cfg,
         functools.partial(_fwd_kernel, cfg=cfg, names=names),
-        out_shape=(jax.ShapeDtypeStruct(args["q"].shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, 1), jnp.float32)),
+        footprint=footprint,
+        cost=_cost(cfg, batch, 2, 1, [*args.values(), *out_shape]),
+        out_shape=out_shape,
         grid=(batch, heads, cfg.nq, cfg.nk),
         in_specs=[specs[n] for n in names],
         out_specs=(specs["q"], specs["lse"]),
-        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
-                        pltpu.VMEM((bq, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape, _ in scratch],
         name="t5x_like_flash_fwd_tpu",
     )(*[args[n] for n in names])
     return _to_head_major(o), lse
+
+
+def _blocks(cfg: FlashConfig, names: list[str], args: dict, specs: dict) -> list:
+    """(block shape, itemsize) of every VMEM input block (SMEM scalars excluded)."""
+    out = []
+    for n in names:
+        shape = specs[n].block_shape
+        if shape is not None:
+            out.append((tuple(x for x in shape if x is not None), args[n].dtype.itemsize))
+    return out
 
 
 def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
@@ -175,15 +294,30 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
     def _compute():
         q, k, v, do = r["q"][...], r["k"][...], r["v"][...], r["do"][...]
         s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
-        p = jnp.exp(s - r["lse"][...])
+        p = jnp.exp(s - _column(r["lse"]))
         r["dv_acc"][...] += dot(p.astype(do.dtype), do, ta=True)
-        ds = p * (dot(do, v, tb=True) - r["delta"][...])
+        ds = p * (dot(do, v, tb=True) - _column(r["delta"]))
         r["dk_acc"][...] += dot(ds.astype(q.dtype), q, ta=True)
 
     @pl.when(i == cfg.nq - 1)
     def _finish():
         r["dk"][...] = r["dk_acc"][...] * cfg.sm_scale
         r["dv"][...] = r["dv_acc"][...]
+
+
+def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Array:
+    """Table-gradient row [1, num_buckets_pad] of one tile: the sum of dS [bq, bk] per bucket.
+
+    As `fc.rel_grad_tile`, but each bucket's sum is one whole-tile reduction and the result
+    stays 2-D: reducing a row-reduced vector again lowers to a sublane gather (not on TPU v4).
+    """
+    lo, hi = fc._bucket_range(bucket)
+    ids = jax.lax.broadcasted_iota(jnp.int32, (1, cfg.num_buckets_pad), 1)
+
+    def body(n, acc):
+        return acc + jnp.where(ids == n, jnp.sum(jnp.where(bucket == n, ds, 0.0)), 0.0)
+
+    return jax.lax.fori_loop(lo, hi + 1, body, jnp.zeros(ids.shape, jnp.float32))
 
 
 def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
@@ -206,11 +340,11 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
     def _compute():
         q, k, v, do = r["q"][...], r["k"][...], r["v"][...], r["do"][...]
         s, bucket = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
-        p = jnp.exp(s - r["lse"][...])
-        ds = p * (dot(do, v, tb=True) - r["delta"][...])
+        p = jnp.exp(s - _column(r["lse"]))
+        ds = p * (dot(do, v, tb=True) - _column(r["delta"]))
         r["dq_acc"][...] += dot(ds.astype(k.dtype), k)
         if cfg.has_rel:
-            r["dtab_acc"][...] += fc.rel_grad_tile(cfg, bucket, ds)[None, :]
+            r["dtab_acc"][...] += _rel_grad_tile(cfg, bucket, ds)
         if cfg.has_bias:
             r["dbias"][...] = ds
 
@@ -222,25 +356,33 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """Same outputs as `_flash_triton.backward` (dq, per-q-head dk/dv, dtab partials, dbias)."""
+    """Same outputs as `_flash_triton.backward` (dq, per-q-head dk/dv, dtab partials, dbias).
+
+    Runs with the backward blocks (`cfg.for_backward()`); `lse` [B, H, 1, Lq_pad] from `forward`.
+    """
+    cfg = cfg.for_backward()
     batch, heads, bq, bk, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.block_k, cfg.head_dim_pad
     delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
-            "do": _to_head_major(do), "lse": lse, "delta": delta[..., None],
+            "do": _to_head_major(do), "lse": lse, "delta": delta[:, :, None, :],
             **_side_arrays(cfg, side)}
     names = ["q", "k", "v", "do", "lse", "delta"] + fc.side_names(cfg)
 
     kspecs = _specs(cfg, q_outer=False)
     per_head = jax.ShapeDtypeStruct((batch, heads, cfg.lk_pad, d), jnp.float32)
     own_k = pl.BlockSpec((None, None, bk, d), lambda b, h, j, i: (b, h, j, 0))
+    scratch = [((bk, d), 4), ((bk, d), 4)]
     dk, dv = _call(
         cfg,
         functools.partial(_dkdv_kernel, cfg=cfg, names=names),
+        footprint=vmem_footprint(_blocks(cfg, names, args, kspecs) + [((bk, d), 4)] * 2,
+                                 scratch, bq, bk),
+        cost=_cost(cfg, batch, 4, 1, [*args.values(), per_head, per_head]),
         out_shape=(per_head, per_head),
         grid=(batch, heads, cfg.nk, cfg.nq),
         in_specs=[kspecs[n] for n in names],
         out_specs=(own_k, own_k),
-        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape, _ in scratch],
         name="t5x_like_flash_bwd_dkdv_tpu",
     )(*[args[n] for n in names])
 
@@ -248,25 +390,31 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     outs = ["dq"]
     out_shape = [jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, d), jnp.float32)]
     out_specs = [pl.BlockSpec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0))]
+    out_blocks = [((bq, d), 4)]
     nbp = max(cfg.num_buckets_pad, 1)
     if cfg.has_rel:
         outs.append("dtab")
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, cfg.nq, 1, nbp), jnp.float32))
         out_specs.append(pl.BlockSpec((None, None, None, 1, nbp),
                                       lambda b, h, i, j: (b, h, i, 0, 0)))
+        out_blocks.append(((1, nbp), 4))
     if cfg.has_bias:
         outs.append("dbias")
         out_shape.append(
             jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32))
         out_specs.append(pl.BlockSpec((None, None, bq, bk), lambda b, h, i, j: (b, h, i, j)))
+        out_blocks.append(((bq, bk), 4))
+    scratch = [((bq, d), 4), ((1, nbp), 4)]
     res = _call(
         cfg,
         functools.partial(_dq_kernel, cfg=cfg, names=names, outs=outs),
+        footprint=vmem_footprint(_blocks(cfg, names, args, qspecs) + out_blocks, scratch, bq, bk),
+        cost=_cost(cfg, batch, 3, 1, [*args.values(), *out_shape]),
         out_shape=tuple(out_shape),
         grid=(batch, heads, cfg.nq, cfg.nk),
         in_specs=[qspecs[n] for n in names],
         out_specs=tuple(out_specs),
-        scratch_shapes=[pltpu.VMEM((bq, d), jnp.float32), pltpu.VMEM((1, nbp), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape, _ in scratch],
         name="t5x_like_flash_bwd_dq_tpu",
     )(*[args[n] for n in names])
     res = dict(zip(outs, res, strict=True))

@@ -2,12 +2,16 @@
 
 Grid `(B, H, n_blocks)`; each program owns one q block (forward, dQ) or one k block (dK/dV) and
 loops over the other axis with `fori_loop`, so skipped blocks are never loaded or computed:
-causal programs stop at the diagonal (or at the end of the prefix), and with segment ids a
-`cond` skips k/q blocks whose segment ranges do not overlap (packing, padding). The kv head of a
+causal programs stop at the diagonal (or at the end of the prefix), and with segment ids the loop
+bounds (precomputed per block, `_segment_block_ranges`) leave out blocks whose segment ranges do
+not overlap (packing, padding). The loop bodies hold no nested loop and no `cond` around loads,
+so Triton software-pipelines the k/v (q/dO) loads (cp.async, TMA). The kv head of a
 q head is chosen in the BlockSpec index map (`h // group`), so GQA/MQA never repeats k/v.
 
 All array arguments are already padded by `flash_attention.py`: lengths to block multiples,
-head_dim to a power of two, the bucket table to `[H, num_buckets_pad]`.
+head_dim to a power of two, the bucket table to `[H, num_buckets_pad]`. The table is turned
+into per-offset rows here (`_offset_rows`) so the k loop gathers the T5 bias instead of looping
+over buckets. The backward kernels run with the `bwd_*` blocks of `FlashConfig`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,135 @@ def _compiler_params(cfg: FlashConfig):
     return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _visited_tiles(cfg: FlashConfig) -> int:
+    """Tiles [block_q, block_k] per (batch, head) the causal skipping leaves (prefix ignored)."""
+    if not cfg.causal:
+        return cfg.nq * cfg.nk
+    return sum(min(cfg.nk, (i * cfg.block_q + cfg.block_q - 1) // cfg.block_k + 1)
+               for i in range(cfg.nq))
+
+
+def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEstimate:
+    """Rough XLA cost hint of one kernel: matmul flops, exps and HBM bytes over visited tiles.
+
+    Per tile: forward 2 matmuls + bq*bk exps, reading a k and a v tile; dK/dV 4 matmuls reading
+    q, dO tiles; dQ 3 matmuls reading k, v tiles. The owned block is read/written once.
+    """
+    bq, bk, d = cfg.block_q, cfg.block_k, cfg.head_dim_pad
+    tiles = _visited_tiles(cfg) * batch * cfg.num_heads
+    matmuls = {"fwd": 2, "dkdv": 4, "dq": 3}[kernel]
+    streamed = 2 * (bq if kernel == "dkdv" else bk) * d * itemsize  # two [block, d] per tile
+    rel = bq * bk * 4 if cfg.has_rel else 0
+    owned = batch * cfg.num_heads * (cfg.lq_pad + cfg.lk_pad) * d * (itemsize + 4)
+    return pl.CostEstimate(flops=int(tiles * matmuls * 2 * bq * bk * d),
+                           transcendentals=int(tiles * bq * bk),
+                           bytes_accessed=int(tiles * (streamed + rel) + owned))
+
+
+def _offset_row_width(cfg: FlashConfig) -> int:
+    """Columns of the T5 bias bands: lq_pad + lk_pad, rounded up to a power of two."""
+    return 1 << (cfg.lq_pad + cfg.lk_pad - 1).bit_length()
+
+
+def _rel_bands(cfg: FlashConfig, table: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """T5 bias and bucket "bands" from the padded table `[H, num_buckets_pad]`.
+
+    Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
+    a contiguous run shifted by i. The bands store those shifted runs: with column
+    x = k - q + lq_pad + i, relband[h, i, x] = table[h, bucket(x - i - lq_pad)] f32
+    `[H, block_q, W]` and bucketband[i, x] the bucket ids `[block_q, W]` int32, so a tile's bias
+    is the plain, 16-aligned block load relband[h, :, c:c + block_k], c = k0 - q0 + lq_pad. The
+    k loop then has no bucket math, no loop over buckets and no gather: Triton software-pipelines
+    it (cp.async / TMA). Cost: H * block_q * W * 4 bytes, O(length).
+    """
+    width = _offset_row_width(cfg)
+    x = jnp.arange(width, dtype=jnp.int32)[None, :]
+    rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
+    bucketband = fc.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
+    bucketband = bucketband.reshape(cfg.block_q, width)
+    relband = jnp.take(table.astype(jnp.float32), bucketband, axis=1)
+    return relband, bucketband
+
+
+def _only(names: list[str], *drop: str) -> list[str]:
+    """The side-input names one kernel takes: all but `drop`."""
+    return [n for n in names if n not in drop]
+
+
+def _block_segment_range(seg: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """(min nonzero, max) segment id per block of `seg` [B, L] -> two [B, L // block]."""
+    blocks = seg.reshape(seg.shape[0], -1, block)
+    big = jnp.iinfo(jnp.int32).max
+    return jnp.min(jnp.where(blocks == 0, big, blocks), axis=2), jnp.max(blocks, axis=2)
+
+
+def _first_last(overlap: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[..., n] bool -> (first True index, last True index + 1), (0, 0) where none."""
+    n = overlap.shape[-1]
+    some = jnp.any(overlap, axis=-1)
+    first = jnp.argmax(overlap, axis=-1)
+    last = n - jnp.argmax(overlap[..., ::-1], axis=-1)
+    return (jnp.where(some, first, 0).astype(jnp.int32),
+            jnp.where(some, last, 0).astype(jnp.int32))
+
+
+def _segment_block_ranges(cfg: FlashConfig, qseg: jax.Array, kseg: jax.Array) -> dict:
+    """Loop bounds from segment ids: per q block the k blocks [klo, khi) and per k block the q
+    blocks [qlo, qhi) whose nonzero segment ranges overlap, each `[B, n_blocks]` int32.
+
+    Blocks outside the bounds are fully masked, so the kernels skip them by loop bounds instead
+    of a `cond` around the loads (which would stop Triton's software pipelining). With packed
+    (sorted) ids the bounds are exact; with unsorted ids they are a superset, still correct.
+    """
+    qmin, qmax = _block_segment_range(qseg, cfg.block_q)
+    kmin, kmax = _block_segment_range(kseg, cfg.block_k)
+    overlap = (jnp.maximum(qmin[:, :, None], kmin[:, None, :])
+               <= jnp.minimum(qmax[:, :, None], kmax[:, None, :]))  # [B, nq, nk]
+    klo, khi = _first_last(overlap)
+    qlo, qhi = _first_last(jnp.swapaxes(overlap, 1, 2))
+    return {"klo": klo, "khi": khi, "qlo": qlo, "qhi": qhi}
+
+
+def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, list[str]]:
+    """Side inputs as the GPU kernels take them: the bucket table becomes the bias / bucket
+    bands, segment ids add per-block loop bounds."""
+    side = dict(side)
+    if cfg.has_rel:
+        side["relband"], side["bucketband"] = _rel_bands(cfg, side.pop("tab"))
+        names = [n for n in names if n != "tab"] + ["relband", "bucketband"]
+    if cfg.has_seg:
+        side.update(_segment_block_ranges(cfg, side["qseg"], side["kseg"]))
+        names = names + ["klo", "khi", "qlo", "qhi"]
+    return side, names
+
+
+def _rel_tile(cfg: FlashConfig, r: dict, q0, k0, band: str) -> jax.Array:
+    """The tile's [bq, bk] slice of a band (`relband` bias or `bucketband` bucket ids)."""
+    start = pl.multiple_of(k0 - q0 + cfg.lq_pad, 16)  # blocks and lq_pad are multiples of 16
+    return r[band][:, pl.ds(start, cfg.block_k)]
+
+
+def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Array:
+    """Table-gradient contribution [num_buckets_pad] of a tile: sum of dS [bq, bk] per bucket.
+
+    A statically unrolled loop over the buckets, each reduction behind a `cond` on "bucket
+    present in this tile", so the k loop stays Triton's innermost loop (pipelined) while tiles far
+    from the diagonal (one bucket) still pay one reduction. Deterministic: no atomics.
+    """
+    lo = jnp.min(jnp.min(bucket, axis=1), axis=0)
+    hi = jnp.max(jnp.max(bucket, axis=1), axis=0)
+    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)
+    acc = jnp.zeros((cfg.num_buckets_pad,), jnp.float32)
+    for n in range(cfg.num_buckets):
+
+        def add(a, n=n):
+            total = jnp.sum(jnp.sum(jnp.where(bucket == n, ds, 0.0), axis=1), axis=0)
+            return a + jnp.where(ids == n, total, 0.0)
+
+        acc = jax.lax.cond(jnp.logical_and(lo <= n, n <= hi), add, lambda a: a, acc)
+    return acc
+
+
 def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
     """BlockSpecs of the per-token side inputs: the program's own block or the whole row."""
     bq, bk = cfg.block_q, cfg.block_k
@@ -39,11 +172,15 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
     specs = {}
     if cfg.has_seg:
         specs["qseg"], specs["kseg"] = q_row, k_row
+        bound = pl.BlockSpec((None, None), lambda b, h, i: (b, i))  # this program's bounds
+        specs.update(dict.fromkeys(("klo", "khi") if by_q_block else ("qlo", "qhi"), bound))
     if cfg.has_prefix:
         specs["pq"], specs["pk"] = q_row, k_row
         specs["plen"] = pl.BlockSpec((None,), lambda b, h, i: (b,))
     if cfg.has_rel:
-        specs["tab"] = pl.BlockSpec((None, cfg.num_buckets_pad), lambda b, h, i: (h, 0))
+        width = _offset_row_width(cfg)
+        specs["relband"] = pl.BlockSpec((None, bq, width), lambda b, h, i: (h, 0, 0))
+        specs["bucketband"] = pl.BlockSpec((bq, width), lambda b, h, i: (0, 0))
     if cfg.has_bias:
         bb, bh = cfg.bias_batch > 1, cfg.bias_heads > 1
         if by_q_block:
@@ -65,9 +202,10 @@ def _q_loop_state(cfg: FlashConfig, r: dict, q0):
     qseg = r["qseg"][...] if cfg.has_seg else None
     pq = r["pq"][...] if cfg.has_prefix else None
     plen = r["plen"][...] if cfg.has_prefix else None
-    tab = r["tab"][...].astype(jnp.float32) if cfg.has_rel else None
-    hi = fc.causal_k_blocks(cfg, q0, plen) if cfg.causal else cfg.nk
-    return q_idx, qseg, pq, tab, hi
+    lo, hi = 0, (fc.causal_k_blocks(cfg, q0, plen) if cfg.causal else cfg.nk)
+    if cfg.has_seg:  # only k blocks sharing a segment with this q block
+        lo, hi = r["klo"][...], jnp.minimum(hi, r["khi"][...])
+    return q_idx, qseg, pq, lo, hi
 
 
 def _k_block_inputs(cfg: FlashConfig, r: dict, j):
@@ -80,29 +218,24 @@ def _k_block_inputs(cfg: FlashConfig, r: dict, j):
     return ks, k_idx, kseg, pk, bias
 
 
-def _maybe_skip(cfg: FlashConfig, qseg, kseg, compute, carry):
-    """Run `compute(carry)` unless segment ranges prove the tile fully masked."""
-    if not cfg.has_seg:
-        return compute(carry)
-    overlap = fc.segments_overlap(fc.segment_range(qseg), fc.segment_range(kseg))
-    return jax.lax.cond(overlap, compute, lambda c: c, carry)
-
-
 def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     r = dict(zip(names + ["o", "lse"], refs, strict=True))
     q0 = pl.program_id(2) * cfg.block_q
     q = r["q"][...]
-    q_idx, qseg, pq, tab, hi = _q_loop_state(cfg, r, q0)
+    q_idx, qseg, pq, lo, hi = _q_loop_state(cfg, r, q0)
 
     def body(j, carry):
         ks, k_idx, kseg, pk, bias = _k_block_inputs(cfg, r, j)
 
+        # Loads stay outside the skip `cond`: Triton pipelines only loads in the loop body.
+        k = r["k"][ks, :]
+        v = r["v"][ks, :]
+        rel = _rel_tile(cfg, r, q0, j * cfg.block_k, "relband") if cfg.has_rel else None
+
         def compute(c):
             m, denom, acc = c
-            k = r["k"][ks, :]
-            v = r["v"][ks, :]
             s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk,
-                                  tab, bias)
+                                  None, bias, rel)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             m_safe = jnp.where(m_new == fc.NEG_INF, 0.0, m_new)
             alpha = jnp.exp(m - m_safe)
@@ -111,7 +244,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
             acc_new = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
             return m_new, denom_new, acc_new
 
-        return _maybe_skip(cfg, qseg, kseg, compute, carry)
+        return compute(carry)
 
     bq, d = cfg.block_q, cfg.head_dim_pad
     init = (
@@ -119,7 +252,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
         jnp.zeros((bq,), jnp.float32),
         jnp.zeros((bq, d), jnp.float32),
     )
-    m, denom, acc = jax.lax.fori_loop(0, hi, body, init)
+    m, denom, acc = jax.lax.fori_loop(lo, hi, body, init)
     empty = denom == 0.0  # fully-masked rows: output 0, lse 0 (finite: the backward stays finite)
     r["o"][...] = (acc / jnp.where(empty, 1.0, denom)[:, None]).astype(r["o"].dtype)
     r["lse"][...] = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, denom)))
@@ -141,7 +274,8 @@ def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32."""
     batch = q.shape[0]
-    names = ["q", "k", "v"] + fc.side_names(cfg)
+    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + fc.side_names(cfg))
+    names = _only(names, "bucketband", "qlo", "qhi")
     specs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     out_shape = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -157,6 +291,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
         out_specs=out_specs,
         interpret=cfg.interpret,
         compiler_params=_compiler_params(cfg),
+        cost_estimate=_cost(cfg, "fwd", q.dtype.itemsize, batch),
         name="t5x_like_flash_fwd",
     )(*[args[n] for n in names])
 
@@ -169,9 +304,11 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
     k_idx = k0 + jnp.arange(cfg.block_k, dtype=jnp.int32)
     kseg = r["kseg"][...] if cfg.has_seg else None
     pk = r["pk"][...] if cfg.has_prefix else None
-    tab = r["tab"][...].astype(jnp.float32) if cfg.has_rel else None
     lo = fc.causal_first_q_block(cfg, k0, r["plen"][...] if cfg.has_prefix else None) \
         if cfg.causal else 0
+    hi = cfg.nq
+    if cfg.has_seg:  # only q blocks sharing a segment with this k block
+        lo, hi = jnp.maximum(lo, r["qlo"][...]), r["qhi"][...]
 
     def body(i, carry):
         q0 = i * cfg.block_q
@@ -181,23 +318,27 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
         pq = r["pq"][qs] if cfg.has_prefix else None
         bias = r["bias"][qs, :] if cfg.has_bias else None
 
+        q = r["q"][qs, :]  # loads outside the skip `cond` (pipelined)
+        do = r["do"][qs, :]
+        lse = r["lse"][qs]
+        delta = r["delta"][qs]
+        rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
+
         def compute(c):
             dk, dv = c
-            q = r["q"][qs, :]
-            do = r["do"][qs, :]
             s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk,
-                                  tab, bias)
-            p = jnp.exp(s - r["lse"][qs][:, None])
+                                  None, bias, rel)
+            p = jnp.exp(s - lse[:, None])
             dv = dv + dot(p.astype(do.dtype), do, ta=True)
             dp = dot(do, v, tb=True)
-            ds = p * (dp - r["delta"][qs][:, None])
+            ds = p * (dp - delta[:, None])
             dk = dk + dot(ds.astype(q.dtype), q, ta=True)
             return dk, dv
 
-        return _maybe_skip(cfg, qseg, kseg, compute, carry)
+        return compute(carry)
 
     zeros = jnp.zeros((cfg.block_k, cfg.head_dim_pad), jnp.float32)
-    dk, dv = jax.lax.fori_loop(lo, cfg.nq, body, (zeros, zeros))
+    dk, dv = jax.lax.fori_loop(lo, hi, body, (zeros, zeros))
     scale = cfg.sm_scale
     r["dk"][...] = (dk * scale if scale != 1.0 else dk).astype(r["dk"].dtype)
     r["dv"][...] = dv.astype(r["dv"].dtype)
@@ -210,7 +351,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
     do = r["do"][...]
     lse = r["lse"][...]
     delta = r["delta"][...]
-    q_idx, qseg, pq, tab, hi = _q_loop_state(cfg, r, q0)
+    q_idx, qseg, pq, lo, hi = _q_loop_state(cfg, r, q0)
     if cfg.has_bias:  # tiles we skip must still read as a zero gradient
 
         def zero(j, c):
@@ -223,28 +364,32 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
     def body(j, carry):
         ks, k_idx, kseg, pk, bias = _k_block_inputs(cfg, r, j)
 
+        k = r["k"][ks, :]  # loads outside the skip `cond` (pipelined)
+        v = r["v"][ks, :]
+        k0 = j * cfg.block_k
+        rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
+        bucket = _rel_tile(cfg, r, q0, k0, "bucketband") if cfg.has_rel else None
+
         def compute(c):
             dq, dtab = c
-            k = r["k"][ks, :]
-            v = r["v"][ks, :]
-            s, bucket = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq,
-                                       pk, tab, bias)
+            s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk,
+                                  None, bias, rel)
             p = jnp.exp(s - lse[:, None])
             ds = p * (dot(do, v, tb=True) - delta[:, None])
             dq = dq + dot(ds.astype(k.dtype), k)
             if cfg.has_rel:
-                dtab = dtab + fc.rel_grad_tile(cfg, bucket, ds)
+                dtab = dtab + _rel_grad_tile(cfg, bucket, ds)
             if cfg.has_bias:
                 r["dbias"][:, ks] = ds
             return dq, dtab
 
-        return _maybe_skip(cfg, qseg, kseg, compute, carry)
+        return compute(carry)
 
     init = (
         jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32),
         jnp.zeros((cfg.num_buckets_pad,), jnp.float32),
     )
-    dq, dtab = jax.lax.fori_loop(0, hi, body, init)
+    dq, dtab = jax.lax.fori_loop(lo, hi, body, init)
     r["dq"][...] = (dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq).astype(r["dq"].dtype)
     if cfg.has_rel:
         r["dtab"][...] = dtab
@@ -253,24 +398,29 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     """Returns (dq [B,Lq_pad,H,Dp] f32, dk/dv per q head [B,Lk_pad,H,Dp] f32,
     dtab partials [B,H,nq,NBp] f32 | None, dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
+    cfg = cfg.for_backward()
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
     delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+    side, names = _gpu_side(cfg, side, ["q", "k", "v", "do", "lse", "delta"]
+                            + fc.side_names(cfg))
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
-    names = ["q", "k", "v", "do", "lse", "delta"] + fc.side_names(cfg)
+    dkdv_names = _only(names, "bucketband", "klo", "khi")
+    names = _only(names, "qlo", "qhi")
 
     kspecs = {**_main_specs(cfg, False), **_row_specs(cfg, False)}
     per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
     own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
     dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, cfg=cfg, names=names),
+        functools.partial(_dkdv_kernel, cfg=cfg, names=dkdv_names),
         out_shape=(per_head_kv, per_head_kv),
         grid=(batch, heads, cfg.nk),
-        in_specs=[kspecs[n] for n in names],
+        in_specs=[kspecs[n] for n in dkdv_names],
         out_specs=(own_k, own_k),
         interpret=cfg.interpret,
         compiler_params=_compiler_params(cfg),
+        cost_estimate=_cost(cfg, "dkdv", q.dtype.itemsize, batch),
         name="t5x_like_flash_bwd_dkdv",
-    )(*[args[n] for n in names])
+    )(*[args[n] for n in dkdv_names])
 
     qspecs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     outs = ["dq"]
@@ -296,6 +446,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
         out_specs=tuple(out_specs),
         interpret=cfg.interpret,
         compiler_params=_compiler_params(cfg),
+        cost_estimate=_cost(cfg, "dq", q.dtype.itemsize, batch),
         name="t5x_like_flash_bwd_dq",
     )(*[args[n] for n in names])
     res = dict(zip(outs, res, strict=True))

@@ -8,6 +8,12 @@ kernels into `jax.custom_vjp`:
 - `backend='mosaic_tpu'`: `_flash_tpu.py` (Pallas Mosaic TPU; CPU runs it in TPU interpret mode).
 - `backend='auto'`: triton on GPU and CPU, mosaic_tpu on TPU.
 
+Backend, interpret default and block sizes follow the *target*: the host's devices, or the one
+set by `compile_target(platform, arch)` for ahead-of-time compilation on another machine. GPU
+blocks come from `GPU_BLOCKS` (per compute capability, head_dim, forward / backward), picked by
+`scripts/tune_flash_gpu.py` from real compiles; `scripts/check_gpu_kernels.py` is the CI guard
+(no spills, fits shared memory, pipelined loads).
+
 Memory is O(length): the kernels keep only `[block_q, block_k]` tiles, and the residuals are q, k,
 v, o and the per-row logsumexp `[B, H, Lq]`. The only `[.., Lq, Lk]` arrays are the ones the
 caller brings: a dense `bias` and its gradient.
@@ -18,14 +24,22 @@ k blocks) already holds every dS tile of its row block, so it reduces each tile 
 `[num_buckets]` register vector (one masked sum per bucket present in the tile; tiles farther
 than `max_distance` from the diagonal contain one bucket, so they cost one reduction) and writes
 it once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside gives
-`[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. The
+`[num_buckets, H]`. On GPU the bias and bucket ids of a tile are plain block loads from small
+precomputed "bands" (`_flash_triton._rel_bands`) and the per-bucket sums are statically unrolled
+behind `cond`s, so every k loop is Triton's innermost loop and gets software-pipelined.
+No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. The
 dense-bias gradient is dS itself, written tile by tile by the same kernel (and summed outside
 over broadcast batch/head dims).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
+import re
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -36,39 +50,161 @@ from t5x_like.kernels._flash_common import FlashConfig
 
 BACKENDS = ("auto", "triton", "mosaic_tpu")
 MAX_HEAD_DIM = 256
+GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+TPU_ARCHS = ("v4", "v5e", "v5p", "v6e")
 
-# Default (block_q, block_k, num_warps, num_stages) by GPU generation and head_dim. UNTUNED:
-# chosen from the usual FlashAttention-2 shapes, not yet measured here (no GPU in this task).
-_GPU_DEFAULTS = {
-    "hopper": {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)},
-    "ampere": {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 1)},
-    "other": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
+# (block_q, block_k, num_warps, num_stages) per GPU arch, padded head_dim and kernel
+# ("fwd" = forward, "bwd" = dK/dV and dQ). Picked by `scripts/tune_flash_gpu.py` from real
+# deviceless compiles (registers, spills, shared memory, cp.async); the rule and every candidate
+# are in `benchmarks/flash_gpu_blocks.{json,md}`, and a test checks this table equals its picks.
+# head_dim 256 entries are not searched yet: small conservative tiles.
+GPU_BLOCKS: dict[str, dict[int, dict[str, tuple[int, int, int, int]]]] = {
+    "sm_80": {
+        64: {"fwd": (128, 32, 4, 3), "bwd": (64, 32, 4, 2)},
+        128: {"fwd": (64, 64, 4, 2), "bwd": (32, 32, 4, 2)},
+        256: {"fwd": (64, 32, 8, 2), "bwd": (32, 32, 4, 1)},
+    },
+    "sm_86": {
+        64: {"fwd": (128, 32, 4, 3), "bwd": (64, 32, 4, 2)},
+        128: {"fwd": (64, 64, 4, 2), "bwd": (32, 32, 4, 1)},
+        256: {"fwd": (64, 32, 8, 2), "bwd": (32, 32, 4, 1)},
+    },
+    "sm_90": {
+        64: {"fwd": (128, 128, 8, 2), "bwd": (128, 64, 8, 2)},
+        128: {"fwd": (128, 64, 8, 3), "bwd": (128, 64, 8, 2)},
+        256: {"fwd": (64, 32, 8, 2), "bwd": (32, 32, 4, 1)},
+    },
 }
+# sm_89 (L4, L40S, RTX 40xx): the same shared-memory limit (99 KB per block) and mma.sync code as
+# sm_86, so the same table.
+GPU_BLOCKS["sm_89"] = GPU_BLOCKS["sm_86"]
+# GPUs older than sm_80 (no tuned table): small tiles that fit 48 KB of shared memory.
+_GPU_FALLBACK = {"fwd": (64, 64, 4, 2), "bwd": (32, 32, 4, 1)}
 _TPU_DEFAULTS = (128, 128)
 _INTERPRET_DEFAULTS = (64, 64)
 
 
-def _gpu_generation() -> str:
-    kind = jax.devices()[0].device_kind.lower()
-    if any(name in kind for name in ("h100", "h200", "h800", "gh200")):
-        return "hopper"
-    if any(name in kind for name in ("a100", "a800", "a10", "a40", "a30")):
-        return "ampere"
-    return "other"
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where the kernels will run: platform 'gpu' | 'tpu' | 'cpu', and its arch (or None)."""
+
+    platform: str
+    arch: str | None = None
 
 
-def default_block_sizes(head_dim: int, backend: str, platform: str) -> tuple[int, int, int, int]:
-    """(block_q, block_k, num_warps, num_stages) for a padded head_dim on a backend/platform."""
+_TARGET_OVERRIDE: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
+    "flash_compile_target", default=None)
+
+
+@contextlib.contextmanager
+def compile_target(platform: str, arch: str | None = None) -> Iterator[Target]:
+    """Make `flash_attention` lower for `platform`/`arch` instead of the host's devices.
+
+    Used for ahead-of-time compilation on a machine without the accelerator: backend choice
+    ('auto'), the interpret default and the default block sizes then follow the target, e.g.
+    `with compile_target("gpu", "sm_90"): jax.jit(f).lower(...)`. `arch`: GPU 'sm_80',
+    'sm_86', 'sm_89', 'sm_90' (any 'sm_XY'), TPU 'v4', 'v5e', 'v5p', 'v6e', or None.
+    """
+    if platform not in ("gpu", "tpu"):
+        raise ValueError(f"compile_target platform must be 'gpu' or 'tpu'; got {platform!r}")
+    if arch is not None:
+        if platform == "gpu" and not re.fullmatch(r"sm_\d{2,3}a?", arch):
+            raise ValueError(f"GPU arch must look like 'sm_80' (known: {GPU_ARCHS}); got {arch!r}")
+        if platform == "tpu" and arch not in TPU_ARCHS:
+            raise ValueError(f"TPU arch must be one of {TPU_ARCHS}; got {arch!r}")
+    token = _TARGET_OVERRIDE.set(Target(platform, arch))
+    try:
+        yield _TARGET_OVERRIDE.get()
+    finally:
+        _TARGET_OVERRIDE.reset(token)
+
+
+def gpu_arch_of(compute_capability: str) -> str:
+    """'9.0' (a CUDA device's `compute_capability`) -> 'sm_90'."""
+    major, _, minor = str(compute_capability).partition(".")
+    if not (major.isdigit() and (minor or "0").isdigit()):
+        raise ValueError(f"not a compute capability: {compute_capability!r}")
+    return f"sm_{major}{minor or '0'}"
+
+
+def current_target() -> Target:
+    """The `compile_target` in effect, else the host's default backend (and GPU arch)."""
+    override = _TARGET_OVERRIDE.get()
+    if override is not None:
+        return override
+    platform = jax.default_backend()
+    if platform in ("gpu", "cuda", "rocm"):
+        cc = getattr(jax.devices()[0], "compute_capability", None)
+        return Target("gpu", gpu_arch_of(cc) if cc else None)
+    if platform == "tpu":
+        return Target("tpu", tpu_arch_of(jax.devices()[0].device_kind))
+    return Target(platform, None)
+
+
+def tpu_arch_of(device_kind: str) -> str | None:
+    """'TPU v5 lite' -> 'v5e', 'TPU v5p' / 'TPU v5' -> 'v5p', 'TPU v6 lite' -> 'v6e', ..."""
+    kind = device_kind.lower()
+    if "v6" in kind:
+        return "v6e"
+    if "v5" in kind:
+        return "v5e" if ("lite" in kind or "v5e" in kind) else "v5p"
+    if "v4" in kind:
+        return "v4"
+    return None
+
+
+def _gpu_table(arch: str | None) -> dict[int, dict[str, tuple[int, int, int, int]]] | None:
+    """Tuned table of an arch; unknown archs >= sm_80 use sm_86's (smallest shared memory of
+    the tuned ones, 99 KB), older or unknown ones None (fallback blocks)."""
+    if arch is None:
+        return None
+    arch = arch.removesuffix("a")
+    if arch in GPU_BLOCKS:
+        return GPU_BLOCKS[arch]
+    cc = int(arch.removeprefix("sm_"))
+    return GPU_BLOCKS["sm_86"] if cc >= 80 else None
+
+
+def default_block_sizes(
+    head_dim: int, backend: str, target: Target, kernel: str = "fwd"
+) -> tuple[int, int, int, int]:
+    """(block_q, block_k, num_warps, num_stages) for a padded head_dim, backend and target.
+
+    kernel: 'fwd' (forward) or 'bwd' (the dK/dV and dQ kernels).
+    """
+    if kernel not in ("fwd", "bwd"):
+        raise ValueError(f"kernel must be 'fwd' or 'bwd'; got {kernel!r}")
     if backend == "mosaic_tpu":
+        from t5x_like.kernels import _flash_tpu
+
+        tpu_default = getattr(_flash_tpu, "default_blocks", None)
+        if tpu_default is not None and target.platform == "tpu":
+            fwd, bwd = tpu_default(target.arch, head_dim)  # ((bq, bk) fwd, (bq, bk) bwd)
+            return (*(fwd if kernel == "fwd" else bwd), 4, 2)
         return (*_TPU_DEFAULTS, 4, 2)
-    if platform != "gpu":
+    if target.platform != "gpu":
         return (*_INTERPRET_DEFAULTS, 4, 2)
-    table = _GPU_DEFAULTS[_gpu_generation()]
-    return table[min(key for key in table if key >= head_dim)]
+    table = _gpu_table(target.arch)
+    if table is None:
+        return _GPU_FALLBACK[kernel]
+    return table[min(key for key in table if key >= head_dim)][kernel]
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
     return max(floor, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _blocks(default: tuple[int, int, int, int], block_q: int | None, block_k: int | None,
+            lq: int, lk: int, prefix: str = "") -> tuple[int, int, int, int]:
+    """Validated (block_q, block_k, warps, stages): explicit blocks, else the defaults shrunk to
+    the (power-of-two rounded) lengths."""
+    dbq, dbk, warps, stages = default
+    for name, blk in ((prefix + "block_q", block_q), (prefix + "block_k", block_k)):
+        if blk is not None and (blk < 16 or blk & (blk - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16; got {blk}")
+    bq = block_q or min(dbq, _pow2_at_least(lq, 16))
+    bk = block_k or min(dbk, _pow2_at_least(lk, 16))
+    return bq, bk, warps, stages
 
 
 def _pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
@@ -164,6 +300,8 @@ def flash_attention(
     sm_scale: float = 1.0,
     block_q: int | None = None,
     block_k: int | None = None,
+    bwd_block_q: int | None = None,
+    bwd_block_k: int | None = None,
     backend: str = "auto",
     interpret: bool | None = None,
 ) -> jax.Array:
@@ -177,31 +315,30 @@ def flash_attention(
       prefix_mask: [B, Lq] bool; prefix tokens attend to each other bidirectionally (causal=True).
       rel_bias: [num_buckets, H] T5 table, bias = table[bucket(k - q)] per tile.
       bias: dense additive [B|1, H|1, Lq, Lk].
-      block_q, block_k: tile sizes (powers of two >= 16); None = per-device defaults.
+      block_q, block_k: tile sizes (powers of two >= 16); None = per-target defaults
+        (`compile_target`, else the host's devices).
+      bwd_block_q, bwd_block_k: tile sizes of the backward kernels; None = block_q / block_k
+        when those are given, else the per-target backward defaults.
     Returns:
       [B, Lq, H, D] in q's dtype; fully-masked query rows are 0 (and get 0 gradients).
     """
     _validate(q, k, v, causal, q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias,
               backend)
-    platform = jax.default_backend()
+    target = current_target()
     if backend == "auto":
-        backend = "mosaic_tpu" if platform == "tpu" else "triton"
+        backend = "mosaic_tpu" if target.platform == "tpu" else "triton"
     if interpret is None:
-        interpret = platform != ("gpu" if backend == "triton" else "tpu")
+        interpret = target.platform != ("gpu" if backend == "triton" else "tpu")
     b, lq, h, d = q.shape
     lk, hkv = k.shape[1], k.shape[2]
     dp = _pow2_at_least(d, 32)
-    dbq, dbk, warps, stages = default_block_sizes(dp, backend, platform)
-    bq = block_q or dbq
-    bk = block_k or dbk
-    for name, blk in (("block_q", bq), ("block_k", bk)):
-        if blk < 16 or blk & (blk - 1):
-            raise ValueError(f"{name} must be a power of two >= 16; got {blk}")
-    if block_q is None:
-        bq = min(bq, _pow2_at_least(lq, 16))
-    if block_k is None:
-        bk = min(bk, _pow2_at_least(lk, 16))
-    lq_pad, lk_pad = -(-lq // bq) * bq, -(-lk // bk) * bk
+    fwd = _blocks(default_block_sizes(dp, backend, target, "fwd"), block_q, block_k, lq, lk)
+    bwd = _blocks(default_block_sizes(dp, backend, target, "bwd"), bwd_block_q or block_q,
+                  bwd_block_k or block_k, lq, lk, "bwd_" if bwd_block_q or bwd_block_k else "")
+    bq, bk, warps, stages = fwd
+    # Every kernel's blocks divide the padded lengths (blocks are powers of two).
+    lq_pad, lk_pad = -(-lq // max(bq, bwd[0])) * max(bq, bwd[0]), \
+        -(-lk // max(bk, bwd[1])) * max(bk, bwd[1])
 
     q_segment_ids, kv_segment_ids = _complete_segments(q_segment_ids, kv_segment_ids, lq, lk)
     has_seg = q_segment_ids is not None
@@ -233,7 +370,8 @@ def flash_attention(
         lk_pad=lk_pad, head_dim_pad=dp, num_heads=h, group=h // hkv, num_buckets=num_buckets,
         num_buckets_pad=nb_pad, rel_bidirectional=bool(rel_bidirectional),
         rel_max_distance=int(rel_max_distance), kv_pad_mask=(lk_pad != lk) and not has_seg,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, bwd_block_q=bwd[0], bwd_block_k=bwd[1],
+        bwd_num_warps=bwd[2], bwd_num_stages=bwd[3],
     )
     qp = _pad_axis(_pad_axis(q, 1, lq_pad), 3, dp)
     kp = _pad_axis(_pad_axis(k, 1, lk_pad), 3, dp)

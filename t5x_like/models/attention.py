@@ -8,7 +8,9 @@ and shared by every layer. `attend(q, k, v, spec, impl=...)` then dispatches:
 - `xla`: einsum reference with an fp32 softmax (and attention-probability dropout);
 - `cudnn`: `jax.nn.dot_product_attention` (cuDNN flash attention on GPU, XLA elsewhere);
 - `pallas`: `t5x_like.kernels.flash_attention`, fed the small inputs (segment ids, prefix mask,
-  bias table), never dense masks.
+  bias table), never dense masks. Under a multi-device mesh the kernel runs inside
+  `jax.shard_map` (XLA cannot partition a Pallas custom call): batch over the axes the logical
+  rules give `activation_batch`, heads over those of `activation_heads` (`PallasShards`).
 
 Allowed(q, k) = kv segment != 0 AND same segment (when query segments are given)
 AND (not causal OR k_index <= q_index OR (prefix[q] AND prefix[k])).
@@ -16,12 +18,15 @@ AND (not causal OR k_index <= q_index OR (prefix[q] AND prefix[k])).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from t5x_like.models.config import TransformerConfig
 from t5x_like.models.layers import (
@@ -209,23 +214,104 @@ def _attend_cudnn(q, k, v, spec, scale):
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PallasShards:
+    """How `_attend_pallas` splits the flash kernel over the active mesh.
+
+    Batch over `batch_axes`, heads over `head_axes` (K/V heads first repeated `kv_repeat` times
+    so they split with their query heads), everything else replicated. `dropped` names the
+    mesh axes the logical rules asked for but a dimension was not divisible by.
+    """
+
+    batch_axes: tuple[str, ...]
+    head_axes: tuple[str, ...]
+    kv_repeat: int
+    dropped: tuple[str, ...]
+
+
+def _as_axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _divisible_prefix(axes: tuple[str, ...], size: int, sizes: dict[str, int]):
+    """Longest prefix of `axes` whose mesh-size product divides `size`, and the rest."""
+    used, product = [], 1
+    for axis in axes:
+        if size % (product * sizes[axis]):
+            break
+        used.append(axis)
+        product *= sizes[axis]
+    return tuple(used), tuple(a for a in axes if a not in used)
+
+
+def pallas_shards(mesh, batch: int, heads: int, kv_heads: int) -> PallasShards | None:
+    """The split of a `[batch, L, heads, D]` flash call over `mesh` (None: call it directly).
+
+    Axes come from the logical rules: `activation_batch` for the batch, `activation_heads` for
+    the heads, as the model's activation constraints use them. A dimension not divisible by
+    its axes keeps the longest divisible prefix of them; the rest compute it redundantly.
+    GQA/MQA: when `kv_heads` is not divisible by the head axes, K/V heads are repeated to
+    lcm(kv_heads, head shards), which divides `heads`, so every shard holds the K/V heads of
+    its own query heads. None when no mesh is active, it has one device, or all its axes are
+    already manual (inside another shard_map).
+    """
+    if mesh.empty:
+        return None
+    manual = set(mesh.manual_axes)
+    sizes = {a: s for a, s in zip(mesh.axis_names, mesh.axis_sizes, strict=True)
+             if a not in manual}
+    if math.prod(sizes.values()) <= 1:
+        return None
+    spec = nn.logical_to_mesh_axes(HEAD_AXES)
+    free = lambda entry: tuple(a for a in _as_axes(entry) if a in sizes)
+    batch_axes, dropped_b = _divisible_prefix(free(spec[0]), batch, sizes)
+    head_axes, dropped_h = _divisible_prefix(free(spec[2]), heads, sizes)
+    shards = math.prod(sizes[a] for a in head_axes)
+    kv_repeat = 1 if kv_heads % shards == 0 else math.lcm(kv_heads, shards) // kv_heads
+    return PallasShards(batch_axes, head_axes, kv_repeat, dropped_b + dropped_h)
+
+
 def _attend_pallas(q, k, v, spec, scale):
+    """The flash kernel, inside `jax.shard_map` whenever a multi-device mesh is active.
+
+    Pallas kernels (Mosaic on TPU, Triton on GPU) are custom calls XLA cannot partition, so
+    each device runs the kernel on its own batch/head shard: q/k/v `[B, L, H, D]` split as
+    `PallasShards` says, the rel table `[buckets, H]` by heads, segment ids and the prefix
+    mask `[B, L]` by batch. Gradients flow through shard_map (replicated inputs' cotangents
+    are summed over the axes they are replicated on).
+    """
     from t5x_like.kernels.flash_attention import flash_attention
 
-    rel = None if spec.rel_table is None else spec.rel_table.T.astype(jnp.float32)
-    return flash_attention(
-        q,
-        k.astype(q.dtype),
-        v.astype(q.dtype),
-        causal=spec.causal,
-        q_segment_ids=spec.q_segment_ids,
-        kv_segment_ids=spec.kv_segment_ids,
-        prefix_mask=spec.prefix_mask,
-        rel_bias=rel,
-        rel_bidirectional=spec.rel_bidirectional,
-        rel_max_distance=spec.rel_max_distance,
-        sm_scale=scale,
-    )
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    named = {"q_segment_ids": spec.q_segment_ids, "kv_segment_ids": spec.kv_segment_ids,
+             "prefix_mask": spec.prefix_mask,
+             "rel_bias": None if spec.rel_table is None else spec.rel_table.T.astype(jnp.float32)}
+    named = {key: val for key, val in named.items() if val is not None}
+
+    def call(q, k, v, named):
+        return flash_attention(
+            q, k, v, causal=spec.causal, rel_bidirectional=spec.rel_bidirectional,
+            rel_max_distance=spec.rel_max_distance, sm_scale=scale, **named)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    plan = pallas_shards(mesh, q.shape[0], q.shape[2], k.shape[2])
+    if plan is None:
+        return call(q, k, v, named)
+    if plan.dropped:
+        _warn_once(f"pallas attention: mesh axes {plan.dropped} do not divide batch "
+                   f"{q.shape[0]} / heads {q.shape[2]}; computed redundantly over them")
+    if plan.kv_repeat > 1:
+        k, v = (jnp.repeat(x, plan.kv_repeat, axis=2) for x in (k, v))
+    b, h = plan.batch_axes or None, plan.head_axes or None
+    qkv = PartitionSpec(b, None, h, None)
+    side = {key: PartitionSpec(None, h) if key == "rel_bias" else PartitionSpec(b, None)
+            for key in named}
+    sharded = jax.shard_map(
+        call, mesh=mesh, in_specs=(qkv, qkv, qkv, side), out_specs=qkv,
+        axis_names=set(mesh.axis_names) - set(mesh.manual_axes), check_vma=False)
+    return sharded(q, k, v, named)
 
 
 _warned: set[str] = set()

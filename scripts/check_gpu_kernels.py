@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""CI check: the GPU flash-attention kernels compile, do not spill, fit and stay pipelined.
+
+Compiles (deviceless, no GPU needed) the forward, dK/dV and dQ Triton kernels at the DEFAULT
+blocks of `flash_attention.GPU_BLOCKS` for each arch x head_dim x variant, prints a table and
+exits 1 naming every kernel that failed to compile, spills registers, exceeds the arch's shared
+memory, or has no cp.async / TMA loads (its k loop is not software-pipelined).
+
+    JAX_PLATFORMS=cpu /tmp/aotvenv/bin/python scripts/check_gpu_kernels.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+VARIANTS = ("causal_rel", "rel", "causal", "packed_prefix_rel")
+
+
+def problems(kernel: dict, smem_limit: int) -> list[str]:
+    """Why a kernel report fails the check (empty when it passes)."""
+    out = []
+    if "registers" not in kernel:
+        return ["no ptxas report"]
+    spill = kernel.get("spill_store_bytes", 0) + kernel.get("spill_load_bytes", 0)
+    if spill:
+        out.append(f"spills {kernel['spill_store_bytes']}/{kernel['spill_load_bytes']} B")
+    smem = kernel.get("dyn_smem_bytes", 0) + kernel.get("static_smem_bytes", 0)
+    if smem > smem_limit:
+        out.append(f"shared memory {smem} > {smem_limit} B")
+    if kernel.get("cp_async", 0) + kernel.get("tma", 0) == 0:
+        out.append("no cp.async/TMA (k loop not pipelined)")
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--archs", default="sm_80,sm_90")
+    p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--seq-len", type=int, default=1024)
+    args = p.parse_args()
+
+    from t5x_like.aot import gpu
+
+    gpu.require_gpu_compiler()
+    fa = importlib.import_module("t5x_like.kernels.flash_attention")
+    rows, failures = [], []
+    t0 = time.time()
+    for arch in args.archs.split(","):
+        target = gpu.gpu_target(arch)
+        devices = gpu.target_devices(arch)
+        for d in (int(x) for x in args.head_dims.split(",")):
+            for variant in args.variants.split(","):
+                fn, fargs = gpu.flash_grad_fn(variant, d, devices, seq_len=args.seq_len)
+                where = f"{arch} d={d} {variant}"
+                try:
+                    with fa.compile_target("gpu", arch):
+                        report = gpu.kernel_report(fn, *fargs, target=arch,
+                                                   kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
+                except Exception as e:  # noqa: BLE001 - any compile error fails the check
+                    failures.append(f"{where}: compile failed: {type(e).__name__}: {e}"[:400])
+                    continue
+                for name in gpu.FLASH_KERNELS:
+                    k = report.get(name, {})
+                    bad = problems(k, target.smem_per_block_optin)
+                    if bad:
+                        failures.append(f"{where} {name}: " + "; ".join(bad))
+                    rows.append((arch, d, variant, name.removeprefix("t5x_like_flash_"), k,
+                                 "FAIL" if bad else "ok"))
+                print(f"[{time.time() - t0:5.0f}s] {where}", flush=True)
+    print("\n| arch | D | variant | kernel | regs | spill st/ld B | smem B | blocks/SM (limit) | "
+          "MMA | cp.async+TMA | status |")
+    print("|---" * 11 + "|")
+    for arch, d, variant, name, k, status in rows:
+        smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
+        print(f"| {arch} | {d} | {variant} | {name} | {k.get('registers')} | "
+              f"{k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} | {smem} | "
+              f"{k.get('blocks_per_sm')} ({k.get('limited_by')}) | {k.get('mma')} | "
+              f"{k.get('cp_async', 0) + k.get('tma', 0)} | {status} |")
+    print(f"\n{len(rows)} kernels in {time.time() - t0:.0f} s")
+    if failures:
+        print("\nFAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("all kernels compile without spills, fit shared memory and are pipelined")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

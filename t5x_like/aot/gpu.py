@@ -1,0 +1,379 @@
+"""Deviceless compilation for NVIDIA GPUs: compile-only CUDA devices and per-kernel reports.
+
+XLA's GPU compiler runs without a GPU or driver when given a target description
+(`GpuTargetConfigProto` text) through `jax.experimental.topologies.get_topology_desc`: jitted
+functions lowered for those devices go through the production path (Pallas -> Triton -> LLVM ->
+PTX -> ptxas -> cubin). `kernel_report` compiles a function that way, dumps the PTX, runs the
+same ptxas with `-v` on every kernel and returns what decides a kernel's speed and safety:
+registers, spills, stack, shared memory, launch shape, blocks per SM and the limiting resource,
+tensor-core instruction kind and pipelined-load (cp.async / TMA) counts.
+
+Needs `jax-cuda12-plugin`, `jax-cuda12-pjrt` and `nvidia-cuda-nvcc-cu12` (ptxas), installed by
+`make install-aot`. This module imports none of them until a target is requested, so the rest of
+the package works without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+INSTALL_HINT = (
+    "deviceless GPU compilation needs the CUDA compiler packages: run `make install-aot` (or "
+    "`pip install -r requirements-aot.txt`, i.e. jax-cuda12-plugin==0.10.2 "
+    "jax-cuda12-pjrt==0.10.2 nvidia-cuda-nvcc-cu12) and use that environment with "
+    "JAX_PLATFORMS=cpu"
+)
+REGISTERS_PER_SM = 65536
+MAX_THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
+RESERVED_SMEM_PER_BLOCK = 1024  # the driver keeps 1 KB of shared memory per resident block
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+    """One GPU model as the compiler sees it (numbers of the named SKU)."""
+
+    name: str
+    arch: str  # 'sm_80'
+    compute_capability: tuple[int, int]
+    device_kind: str
+    sm_count: int
+    fp32_lanes_per_sm: int
+    smem_per_sm: int  # bytes
+    smem_per_block_optin: int  # bytes: the most one block may use
+    hbm_bytes: int
+    hbm_bandwidth: int  # bytes / s
+    l2_bytes: int
+    clock_ghz: float
+
+    @property
+    def ptxas_arch(self) -> str:
+        """`-arch` XLA gives ptxas: Hopper kernels are built for sm_90a (wgmma, TMA)."""
+        return "sm_90a" if self.compute_capability == (9, 0) else self.arch
+
+
+_A100 = GpuTarget("a100", "sm_80", (8, 0), "NVIDIA A100-SXM4-80GB", 108, 64, 167_936, 166_912,
+                  85_899_345_920, 2_039_000_000_000, 41_943_040, 1.41)
+_A10 = GpuTarget("a10", "sm_86", (8, 6), "NVIDIA A10", 72, 128, 102_400, 101_376,
+                 24_146_608_128, 600_000_000_000, 6_291_456, 1.695)
+_A40 = dataclasses.replace(_A10, name="a40", device_kind="NVIDIA A40", sm_count=84,
+                           hbm_bytes=48_305_799_168, hbm_bandwidth=696_000_000_000,
+                           clock_ghz=1.74)
+_L4 = GpuTarget("l4", "sm_89", (8, 9), "NVIDIA L4", 58, 128, 102_400, 101_376,
+                24_146_608_128, 300_000_000_000, 50_331_648, 2.04)
+_H100 = GpuTarget("h100", "sm_90", (9, 0), "NVIDIA H100 80GB HBM3", 132, 128, 233_472, 232_448,
+                  85_899_345_920, 3_352_000_000_000, 52_428_800, 1.98)
+_H200 = dataclasses.replace(_H100, name="h200", device_kind="NVIDIA H200",
+                            hbm_bytes=150_323_855_360, hbm_bandwidth=4_800_000_000_000)
+
+GPU_TARGETS: dict[str, GpuTarget] = {
+    "a100": _A100, "sm_80": _A100,
+    "a10": _A10, "sm_86": _A10, "a40": _A40,
+    "l4": _L4, "sm_89": _L4,
+    "h100": _H100, "sm_90": _H100, "h200": _H200,
+}
+
+
+def gpu_target(name: str) -> GpuTarget:
+    """A target by model ('a100', 'a10', 'a40', 'l4', 'h100', 'h200') or arch ('sm_80', ...)."""
+    key = name.strip().lower()
+    if key not in GPU_TARGETS:
+        raise ValueError(f"unknown GPU target {name!r}; known: {sorted(GPU_TARGETS)}")
+    return GPU_TARGETS[key]
+
+
+def target_config_text(target: GpuTarget) -> str:
+    """`GpuTargetConfigProto` text XLA compiles against (no device queried)."""
+    major, minor = target.compute_capability
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {target.smem_per_sm}
+  threads_per_core_limit: {MAX_THREADS_PER_SM}
+  core_count: {target.sm_count}
+  fpus_per_core: {target.fp32_lanes_per_sm}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {target.hbm_bandwidth}
+  l2_cache_size: {target.l2_bytes}
+  clock_rate_ghz: {target.clock_ghz}
+  device_memory_size: {target.hbm_bytes}
+  shared_memory_per_block_optin: {target.smem_per_block_optin}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: {REGISTERS_PER_SM}
+  registers_per_block_limit: {REGISTERS_PER_SM}
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+runtime_version {{ major: 12 minor: 8 patch: 0 }}
+device_description_str: "{target.device_kind}"
+"""
+
+
+def ptxas_path() -> str:
+    """The ptxas XLA uses: the nvidia-cuda-nvcc wheel's, else one on PATH."""
+    try:
+        import nvidia.cuda_nvcc  # type: ignore[import-not-found]
+
+        roots = list(getattr(nvidia.cuda_nvcc, "__path__", []))
+    except ImportError:
+        roots = []
+    for root in roots:
+        path = os.path.join(root, "bin", "ptxas")
+        if os.access(path, os.X_OK):
+            return path
+    found = shutil.which("ptxas")
+    if found is None:
+        raise RuntimeError(f"ptxas not found. {INSTALL_HINT}")
+    return found
+
+
+def require_gpu_compiler() -> None:
+    """Raise a RuntimeError naming the install command when the CUDA plugin or ptxas is absent."""
+    try:
+        import jax_plugins.xla_cuda12  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"jax-cuda12-plugin is not installed ({e}). {INSTALL_HINT}") from e
+    ptxas_path()
+
+
+def target_devices(name: str, num_gpus: int = 1, num_hosts: int = 1) -> list[Any]:
+    """Compile-only CUDA devices of a target: `num_gpus` GPUs over `num_hosts` hosts.
+
+    The plugin's topology string is `<partitions>x<hosts>x<gpus per host>`; e.g. an 8xH100 node
+    is `target_devices("h100", 8)` (1x1x8), two such nodes `target_devices("h100", 16, 2)`.
+    Returns jax Devices for shardings / meshes of `jax.jit(...).lower(...).compile()`; nothing
+    can run on them. Each device reports the target's `compute_capability` (e.g. '9.0').
+    """
+    if num_gpus < 1 or num_hosts < 1 or num_gpus % num_hosts:
+        raise ValueError(f"num_gpus ({num_gpus}) must be a positive multiple of num_hosts "
+                         f"({num_hosts})")
+    target = gpu_target(name)
+    require_gpu_compiler()
+    from jax.experimental import topologies
+
+    topo = topologies.get_topology_desc(
+        platform="cuda", target_config=target_config_text(target),
+        topology=f"1x{num_hosts}x{num_gpus // num_hosts}")
+    devices = list(topo.devices)
+    if len(devices) != num_gpus:
+        raise RuntimeError(f"asked for {num_gpus} GPUs, the CUDA plugin gave {len(devices)}")
+    return devices
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the compiler's output
+# ----------------------------------------------------------------------------------------------
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_THUNK = re.compile(r"\] (\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (\d+), (\d+)\]\s+"
+                    r"shared_memory: (\d+) bytes")
+
+
+def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
+    """`ptxas -v` output -> {kernel: registers, spill_store_bytes, spill_load_bytes, stack_bytes,
+    static_smem_bytes}."""
+    out: dict[str, dict[str, int]] = {}
+    pieces = _ENTRY.split(log)  # [pre, name, arch, body, name, arch, body, ...]
+    for i in range(1, len(pieces) - 2, 3):
+        name, body = pieces[i], pieces[i + 2]
+        info = {"static_smem_bytes": 0}
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                      r"loads", body)
+        if m:
+            info.update(stack_bytes=int(m[1]), spill_store_bytes=int(m[2]),
+                        spill_load_bytes=int(m[3]))
+        m = re.search(r"Used (\d+) registers", body)
+        if m:
+            info["registers"] = int(m[1])
+        m = re.search(r"(\d+) bytes smem", body)
+        if m:
+            info["static_smem_bytes"] = int(m[1])
+        out[name] = info
+    return out
+
+
+def parse_thunks(text: str) -> dict[str, dict[str, Any]]:
+    """XLA's `*thunk_sequence.txt` -> {kernel: grid [x, y, z], threads, dyn_smem_bytes}."""
+    return {
+        m[1]: {"grid": [int(m[2]), int(m[3]), int(m[4])],
+               "threads": int(m[5]) * int(m[6]) * int(m[7]), "dyn_smem_bytes": int(m[8])}
+        for m in _THUNK.finditer(text)
+    }
+
+
+def ptx_features(ptx: str) -> dict[str, int]:
+    """Instruction counts in one kernel's PTX: tensor-core MMA kind and async (pipelined) loads."""
+    return {
+        "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
+        "mma_sync": len(re.findall(r"\bmma\.sync", ptx)),
+        "cp_async": len(re.findall(r"\bcp\.async\.(?:ca|cg)", ptx)),
+        "tma": len(re.findall(r"\bcp\.async\.bulk", ptx)),
+    }
+
+
+def occupancy(target: GpuTarget, registers: int, threads: int, smem: int) -> dict[str, Any]:
+    """Resident blocks per SM from registers, shared memory and threads, and which one limits."""
+    warps = math.ceil(threads / 32)
+    regs_per_warp = math.ceil(max(registers, 1) * 32 / 256) * 256  # allocated in units of 256
+    limits = {
+        "registers": REGISTERS_PER_SM // (regs_per_warp * warps),
+        "smem": target.smem_per_sm // (smem + RESERVED_SMEM_PER_BLOCK),
+        "threads": MAX_THREADS_PER_SM // threads,
+    }
+    limited_by = min(limits, key=limits.get)
+    return {"blocks_per_sm": min(limits[limited_by], MAX_BLOCKS_PER_SM), "limited_by": limited_by,
+            "smem_fits": smem + 0 <= target.smem_per_block_optin}
+
+
+def _kernel_ptx(dump_dir: str) -> dict[str, str]:
+    """{kernel entry name: PTX text} over the dump's .ptx files."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))):
+        with open(path) as f:
+            text = f.read()
+        for name in re.findall(r"\.entry (\w+)\(", text):
+            out[name] = text
+    return out
+
+
+def kernel_report(
+    fn: Callable,
+    *args: Any,
+    target: str,
+    kernel_filter: Callable[[str], bool] | None = None,
+    dump_dir: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Compile jitted `fn(*args)` for a GPU target and report each kernel.
+
+    `args` are `jax.ShapeDtypeStruct`s placed on `target_devices(target)` (or anything
+    `fn.lower` accepts). Returns {kernel name: registers, spill_store_bytes, spill_load_bytes,
+    stack_bytes, static_smem_bytes, dyn_smem_bytes, grid, threads, blocks_per_sm, limited_by,
+    smem_fits, mma ('wgmma' | 'mma.sync' | '-'), wgmma, mma_sync, cp_async, tma}. Only kernels
+    XLA emitted as PTX that pass `kernel_filter` (default: all) are reported.
+    """
+    gpu_target(target)  # an unknown name fails before compiling
+    require_gpu_compiler()
+    own_dir = dump_dir is None
+    dump_dir = dump_dir or tempfile.mkdtemp(prefix="t5x_like_gpu_dump_")
+    try:
+        fn.lower(*args).compile(compiler_options={"xla_dump_to": dump_dir})
+        return report_from_dump(dump_dir, target, kernel_filter)
+    finally:
+        if own_dir:
+            shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def report_from_dump(
+    dump_dir: str, target: str, kernel_filter: Callable[[str], bool] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """`kernel_report`'s analysis of an existing `xla_dump_to` directory of a GPU compile:
+    ptxas -v on each emitted kernel's PTX, launch shape from the thunk sequence, PTX features
+    and occupancy. Kernels failing `kernel_filter` (default: none fail) are left out."""
+    tgt = gpu_target(target)
+    thunks: dict[str, dict[str, Any]] = {}
+    for path in glob.glob(os.path.join(dump_dir, "*thunk_sequence.txt")):
+        with open(path) as f:
+            thunks.update(parse_thunks(f.read()))
+    ptxas = ptxas_path()
+    report = {}
+    for name, ptx in _kernel_ptx(dump_dir).items():
+        if kernel_filter is not None and not kernel_filter(name):
+            continue
+        k = _ptxas_report(ptxas, tgt, name, ptx, dump_dir)
+        k.update(thunks.get(name, {}))
+        k.update(ptx_features(ptx))
+        k["mma"] = "wgmma" if k["wgmma"] else ("mma.sync" if k["mma_sync"] else "-")
+        if "registers" in k and "threads" in k:
+            smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
+            k.update(occupancy(tgt, k["registers"], k["threads"], smem))
+        report[name] = k
+    return report
+
+
+def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str) -> dict:
+    """Run ptxas -v on one kernel's PTX (the module XLA emitted) for the target's arch."""
+    src = os.path.join(work, f"{name}.report.ptx")
+    with open(src, "w") as f:
+        f.write(ptx)
+    proc = subprocess.run([ptxas, "-v", f"-arch={target.ptxas_arch}", "-o", os.devnull, src],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas failed on {name}: {proc.stderr.strip()[-2000:]}")
+    return parse_ptxas_verbose(proc.stdout + proc.stderr).get(name, {})
+
+
+def ptxas_version() -> str:
+    """`ptxas --version` last line, e.g. 'Cuda compilation tools, release 12.9, V12.9.86'."""
+    out = subprocess.run([ptxas_path(), "--version"], capture_output=True, text=True,
+                         check=False)
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    return lines[-1] if lines else "?"
+
+
+# ----------------------------------------------------------------------------------------------
+# The project's flash-attention kernels
+# ----------------------------------------------------------------------------------------------
+FLASH_KERNELS = ("t5x_like_flash_fwd", "t5x_like_flash_bwd_dkdv", "t5x_like_flash_bwd_dq")
+# variant -> (causal, T5 table, segment ids + prefix, dense bias)
+FLASH_VARIANTS = {
+    "causal_rel": (True, True, False, False),  # decoder self-attention
+    "rel": (False, True, False, False),  # encoder self-attention (bidirectional buckets)
+    "causal": (True, False, False, False),
+    "full": (False, False, False, False),  # no mask, no bias
+    "packed_prefix_rel": (True, True, True, False),  # packed prefix-LM with the table
+    "dense_bias": (True, False, True, True),  # every mask + a dense [1, H, L, L] bias
+}
+
+
+def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 1024,
+                  batch: int = 2, heads: int = 8, num_buckets: int = 32):
+    """(jitted grad of sum(flash_attention(...)), ShapeDtypeStruct args) for one variant.
+
+    bf16 q/k/v [batch, seq_len, heads, head_dim] on `devices[0]`; backend 'triton' explicitly so
+    the host's backend does not matter. Blocks come from the defaults of the `compile_target`
+    in effect (wrap the `.lower` in `with compile_target("gpu", arch)`).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_like.kernels.flash_attention import flash_attention
+
+    if variant not in FLASH_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {sorted(FLASH_VARIANTS)}")
+    causal, rel, packed, dense = FLASH_VARIANTS[variant]
+    sharding = jax.sharding.SingleDeviceSharding(devices[0])
+
+    def spec(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    qkv = spec((batch, seq_len, heads, head_dim), jnp.bfloat16)
+    args = {"q": qkv, "k": qkv, "v": qkv}
+    if rel:
+        args["rel_bias"] = spec((num_buckets, heads), jnp.float32)
+    if packed:
+        args["q_segment_ids"] = args["kv_segment_ids"] = spec((batch, seq_len), jnp.int32)
+        args["prefix_mask"] = spec((batch, seq_len), jnp.bool_)
+    if dense:
+        args["bias"] = spec((1, heads, seq_len, seq_len), jnp.bfloat16)
+    names = list(args)
+    diff = [i for i, n in enumerate(names) if n in ("q", "k", "v", "rel_bias", "bias")]
+
+    def loss(*xs):
+        kw = dict(zip(names, xs, strict=True))
+        out = flash_attention(kw.pop("q"), kw.pop("k"), kw.pop("v"), causal=causal,
+                              rel_bidirectional=not causal, backend="triton", interpret=False,
+                              **kw)
+        return jnp.sum(out.astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=tuple(diff))), [args[n] for n in names]

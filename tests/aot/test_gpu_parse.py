@@ -1,0 +1,89 @@
+"""`t5x_like.aot.gpu` without the CUDA compiler: targets, report parsing, occupancy, and the
+error when the compiler packages are missing (the test venv does not have them)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from t5x_like.aot import gpu
+
+PTXAS_LOG = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 't5x_like_flash_fwd' for 'sm_90a'
+ptxas info    : Function properties for t5x_like_flash_fwd
+    216 bytes stack frame, 220 bytes spill stores, 212 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem, 432 bytes cmem[0]
+ptxas info    : Compiling entry function 't5x_like_flash_bwd_dq' for 'sm_90a'
+ptxas info    : Function properties for t5x_like_flash_bwd_dq
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 420 bytes cmem[0]
+"""
+
+THUNKS = (  # lines of a real XLA `*thunk_sequence.txt`
+    "002: kCustomKernel [prev=001 (1) | next=003 (1)] t5x_like_flash_fwd grid: [2, 8, 16] "
+    "threads: [128, 1, 1]  shared_memory: 49152 bytes\n"
+    "003: kKernel [prev=002 (1) | next=004 (1)] loop_fusion grid: [64, 1, 1] "
+    "threads: [256, 1, 1]  shared_memory: 0 bytes\n"
+)
+
+
+def test_targets_by_model_and_arch() -> None:
+    assert gpu.gpu_target("A100") is gpu.gpu_target("sm_80")
+    assert gpu.gpu_target("a40").arch == gpu.gpu_target("a10").arch == "sm_86"
+    assert gpu.gpu_target("h200").hbm_bytes > gpu.gpu_target("h100").hbm_bytes
+    assert gpu.gpu_target("h100").ptxas_arch == "sm_90a"
+    assert gpu.gpu_target("l4").ptxas_arch == "sm_89"
+    with pytest.raises(ValueError, match="unknown GPU target 'v100'"):
+        gpu.gpu_target("v100")
+
+
+def test_target_config_carries_the_limits() -> None:
+    text = gpu.target_config_text(gpu.gpu_target("a10"))
+    assert "shared_memory_per_block_optin: 101376" in text
+    assert "major: 8 minor: 6" in text and '"NVIDIA A10"' in text
+
+
+def test_parse_ptxas_verbose() -> None:
+    got = gpu.parse_ptxas_verbose(PTXAS_LOG)
+    assert got["t5x_like_flash_fwd"] == {"registers": 255, "spill_store_bytes": 220,
+                                         "spill_load_bytes": 212, "stack_bytes": 216,
+                                         "static_smem_bytes": 1024}
+    assert got["t5x_like_flash_bwd_dq"]["registers"] == 168
+    assert got["t5x_like_flash_bwd_dq"]["spill_store_bytes"] == 0
+
+
+def test_parse_thunks() -> None:
+    got = gpu.parse_thunks(THUNKS)
+    assert got["t5x_like_flash_fwd"] == {"grid": [2, 8, 16], "threads": 128,
+                                         "dyn_smem_bytes": 49152}
+    assert got["loop_fusion"]["threads"] == 256
+
+
+def test_ptx_features() -> None:
+    ptx = "cp.async.cg.shared.global [a], [b], 16;\ncp.async.ca.shared.global [a], [b], 4;\n" \
+          "wgmma.mma_async.sync.aligned.m64n64k16\ncp.async.bulk.tensor.2d\n"
+    assert gpu.ptx_features(ptx) == {"wgmma": 1, "mma_sync": 0, "cp_async": 2, "tma": 1}
+
+
+def test_occupancy_limits() -> None:
+    h100 = gpu.gpu_target("h100")
+    # 255 regs x 128 threads -> 32,768 regs per block: 2 blocks by registers.
+    assert gpu.occupancy(h100, 255, 128, 40_000) == {
+        "blocks_per_sm": 2, "limited_by": "registers", "smem_fits": True}
+    # 100 KB of shared memory: 2 blocks by smem on H100 (228 KB), and it does not fit an A10.
+    occ = gpu.occupancy(h100, 64, 128, 100_000)
+    assert (occ["blocks_per_sm"], occ["limited_by"]) == (2, "smem")
+    assert not gpu.occupancy(gpu.gpu_target("a10"), 64, 128, 110_000)["smem_fits"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_plugins") is not None,
+                    reason="CUDA plugin installed here: the missing-compiler error cannot occur")
+def test_missing_compiler_names_the_install_command() -> None:
+    with pytest.raises(RuntimeError, match="make install-aot"):
+        gpu.target_devices("h100")
+
+
+def test_bad_device_counts() -> None:
+    with pytest.raises(ValueError, match="multiple of num_hosts"):
+        gpu.target_devices("h100", 6, 4)

@@ -1,0 +1,165 @@
+"""GPU kernel configuration: compile targets, per-arch block tables, separate backward blocks,
+and the pieces the Triton kernels precompute (T5 bias bands, segment loop bounds).
+
+Numerics run the Triton kernels in Pallas interpret mode on CPU against the XLA reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_like.kernels import _flash_triton
+from t5x_like.kernels._flash_common import FlashConfig
+from t5x_like.kernels._flash_reference import reference_attention
+from t5x_like.kernels.relpos import relative_position_bucket
+
+fa = importlib.import_module("t5x_like.kernels.flash_attention")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_code_table_equals_tuner_picks() -> None:
+    """GPU_BLOCKS must be what scripts/tune_flash_gpu.py picked (benchmarks/flash_gpu_blocks)."""
+    doc = json.loads((ROOT / "benchmarks" / "flash_gpu_blocks.json").read_text())
+    picks = {arch: {int(d): {kern: tuple(p["blocks"]) for kern, p in by_k.items()}
+                    for d, by_k in by_d.items()} for arch, by_d in doc["picks"].items()}
+    for arch, by_d in picks.items():
+        for d, by_k in by_d.items():
+            assert fa.GPU_BLOCKS[arch][d] == by_k, (arch, d)
+    assert set(picks) == set(fa.GPU_ARCHS) - {"sm_89"}
+    assert fa.GPU_BLOCKS["sm_89"] == fa.GPU_BLOCKS["sm_86"]  # same smem limit and MMA code
+
+
+def test_compile_target_drives_backend_and_blocks() -> None:
+    assert fa.current_target().platform == "cpu"
+    with fa.compile_target("gpu", "sm_86") as target:
+        assert fa.current_target() == target == fa.Target("gpu", "sm_86")
+        fwd = fa.default_block_sizes(128, "triton", target, "fwd")
+        bwd = fa.default_block_sizes(128, "triton", target, "bwd")
+        assert (fwd, bwd) == (fa.GPU_BLOCKS["sm_86"][128]["fwd"],
+                              fa.GPU_BLOCKS["sm_86"][128]["bwd"])
+        with fa.compile_target("tpu", "v5e"):
+            assert fa.current_target() == fa.Target("tpu", "v5e")
+        assert fa.current_target().arch == "sm_86"
+    assert fa.current_target().platform == "cpu"
+
+
+def test_unknown_archs_fall_back_safely() -> None:
+    # Newer than the table: the smallest-shared-memory tuned table; older: small tiles.
+    assert fa.default_block_sizes(64, "triton", fa.Target("gpu", "sm_120")) == \
+        fa.GPU_BLOCKS["sm_86"][64]["fwd"]
+    old = fa.default_block_sizes(64, "triton", fa.Target("gpu", "sm_75"), "bwd")
+    assert old[0] * old[1] <= 64 * 64
+    assert fa.default_block_sizes(64, "triton", fa.Target("gpu", "sm_90a")) == \
+        fa.GPU_BLOCKS["sm_90"][64]["fwd"]
+
+
+@pytest.mark.parametrize("bad", [("cuda", None), ("gpu", "a100"), ("tpu", "v3")])
+def test_compile_target_rejects_bad_input(bad) -> None:
+    with pytest.raises(ValueError, match="platform|arch"):
+        with fa.compile_target(*bad):
+            pass
+
+
+def test_tpu_targets_use_the_tpu_kernel_table() -> None:
+    from t5x_like.kernels import _flash_tpu
+
+    fwd, bwd = _flash_tpu.default_blocks("v6e", 128)
+    target = fa.Target("tpu", "v6e")
+    assert fa.default_block_sizes(128, "mosaic_tpu", target, "fwd")[:2] == fwd
+    assert fa.default_block_sizes(128, "mosaic_tpu", target, "bwd")[:2] == bwd
+    assert fa.tpu_arch_of("TPU v5 lite") == "v5e" and fa.tpu_arch_of("TPU v5p") == "v5p"
+    assert fa.tpu_arch_of("TPU v4") == "v4" and fa.tpu_arch_of("TPU v6 lite") == "v6e"
+
+
+def test_gpu_arch_of() -> None:
+    assert fa.gpu_arch_of("9.0") == "sm_90"
+    assert fa.gpu_arch_of("8.6") == "sm_86"
+    with pytest.raises(ValueError, match="compute capability"):
+        fa.gpu_arch_of("hopper")
+
+
+def _cfg(**kw) -> FlashConfig:
+    base = dict(backend="triton", interpret=True, causal=True, has_seg=False, has_prefix=False,
+                has_rel=True, has_bias=False, bias_batch=1, bias_heads=1, sm_scale=1.0,
+                block_q=32, block_k=16, lq=80, lk=80, lq_pad=96, lk_pad=96, head_dim_pad=32,
+                num_heads=2, group=1, num_buckets=32, num_buckets_pad=32,
+                rel_bidirectional=False, rel_max_distance=24, kv_pad_mask=True, num_warps=4,
+                num_stages=2, bwd_block_q=16, bwd_block_k=32, bwd_num_warps=4,
+                bwd_num_stages=1)
+    return FlashConfig(**{**base, **kw})
+
+
+def test_padding_must_divide_every_block() -> None:
+    with pytest.raises(ValueError, match="bwd_block_k"):
+        _cfg(lk_pad=80, block_k=16, bwd_block_k=32)
+    back = _cfg().for_backward()
+    assert (back.block_q, back.block_k, back.nq, back.nk) == (16, 32, 6, 3)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_rel_band_tiles_are_the_table_lookup(bidirectional: bool) -> None:
+    """Every [bq, bk] tile sliced from the bands equals table[bucket(k - q)]."""
+    cfg = _cfg(rel_bidirectional=bidirectional)
+    table = jnp.asarray(np.random.default_rng(0).standard_normal((2, 32)), jnp.float32)
+    relband, bucketband = _flash_triton._rel_bands(cfg, table)
+    bq, bk = cfg.block_q, cfg.block_k
+    for q0 in range(0, cfg.lq_pad, bq):
+        for k0 in range(0, cfg.lk_pad, bk):
+            rel = np.arange(k0, k0 + bk)[None, :] - np.arange(q0, q0 + bq)[:, None]
+            want = relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
+                                            num_buckets=32, max_distance=24)
+            c = k0 - q0 + cfg.lq_pad
+            np.testing.assert_array_equal(bucketband[:, c:c + bk], want)
+            np.testing.assert_array_equal(relband[1, :, c:c + bk], table[1][want])
+
+
+def test_segment_loop_bounds_cover_exactly_the_overlapping_blocks() -> None:
+    cfg = _cfg(has_seg=True, block_q=16, block_k=16, bwd_block_q=16, bwd_block_k=16)
+    rng = np.random.default_rng(1)
+    seg = np.sort(rng.integers(0, 5, size=(3, 96)), axis=1)
+    seg[0, 60:] = 0  # trailing padding
+    seg[2] = rng.integers(0, 4, size=96)  # unsorted: bounds may be a superset
+    got = _flash_triton._segment_block_ranges(cfg, jnp.asarray(seg), jnp.asarray(seg))
+    blocks = seg.reshape(3, 6, 16)
+    ids = [[set(b[b != 0]) for b in row] for row in blocks]
+    for b in range(3):
+        for i in range(6):
+            hits = [j for j in range(6) if ids[b][i] & ids[b][j]]
+            lo, hi = int(got["klo"][b, i]), int(got["khi"][b, i])
+            assert all(lo <= j < hi for j in hits), (b, i, hits, lo, hi)
+            if b < 2:  # sorted ids: exact
+                assert (lo, hi) == ((hits[0], hits[-1] + 1) if hits else (0, 0))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_separate_backward_blocks_match_reference(causal: bool) -> None:
+    """Forward blocks (32, 16), backward blocks (16, 32): same values and gradients as XLA."""
+    rng = np.random.default_rng(2)
+    b, length, h, d = 2, 100, 2, 32
+    q, k, v, do = (jnp.asarray(rng.standard_normal((b, length, h, d)), jnp.float32)
+                   for _ in range(4))
+    table = jnp.asarray(rng.standard_normal((32, h)), jnp.float32)
+    seg = np.repeat(np.arange(1, 6), 20)[None].repeat(b, 0)
+    seg[1, 85:] = 0
+    kw = dict(causal=causal, q_segment_ids=jnp.asarray(seg), kv_segment_ids=jnp.asarray(seg),
+              rel_bidirectional=not causal, rel_max_distance=24)
+
+    def ours(q, k, v, t):
+        return fa.flash_attention(q, k, v, rel_bias=t, block_q=32, block_k=16, bwd_block_q=16,
+                                  bwd_block_k=32, backend="triton", **kw)
+
+    def ref(q, k, v, t):
+        return reference_attention(q, k, v, rel_bias=t, **kw)
+
+    got, pull = jax.vjp(ours, q, k, v, table)
+    want, pull_ref = jax.vjp(ref, q, k, v, table)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+    for g, w in zip(pull(do), pull_ref(do), strict=True):
+        np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-5)
