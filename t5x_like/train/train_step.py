@@ -75,8 +75,11 @@ def plan_state(
     def boxed_params(rng: jax.Array) -> Any:
         return model.init_variables(rng, dict(init_batch))["params"]
 
+    # The key is abstract and made outside the mesh context: an eager op inside
+    # `jax.set_mesh` over compile-only devices (deviceless AOT, `t5x_like.aot`) fails.
+    key = jax.eval_shape(jax.random.key, 0)
     with P.partitioning_context(mesh, rules):
-        abstract_boxed = jax.eval_shape(boxed_params, jax.random.key(0))
+        abstract_boxed = jax.eval_shape(boxed_params, key)
     logical, param_sh = P.param_shardings(abstract_boxed, mesh, rules)
     abstract_params = nn.unbox(abstract_boxed)
     abstract_opt = jax.eval_shape(optimizer.tx.init, abstract_params)

@@ -1,0 +1,587 @@
+"""Compile the trainer's own train / eval step for a target that is not here, and report on it.
+
+`resolve_target(name)` gives the target's devices: compile-only TPU devices from libtpu
+(`tpu.py`), compile-only CUDA devices from the XLA GPU plugin (`gpu.py`), or this host's CPU
+devices (`cpu:N`, with `--xla_force_host_platform_device_count=N`). `build_run(target)` reads the
+parsed gin config exactly as `t5x_like.train.trainer.train` does (model, optimizer, batch,
+lengths, microbatches, mesh shape, rules preset) and builds its jitted steps over a mesh of the
+target's devices; `compile_step` lowers them on abstract inputs (`jax.ShapeDtypeStruct`s: nothing
+is allocated, nothing runs), compiles, and reads XLA's `memory_analysis` / `cost_analysis`.
+`planner_estimate` puts `t5x_like.plan`'s prediction for the same config and mesh beside it, and
+`suggest_fit` names gin bindings that the planner (scaled by this compile's measured
+compiler/planner ratio) expects to fit when the config does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import math
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+GIB = 2**30
+
+
+class TargetError(ValueError):
+    """An unknown target name, or a target whose compiler is not installed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Devices to compile for. `platform` is 'cpu', 'tpu' or 'cuda'; `hbm_bytes` per device
+    (None: no budget known, e.g. `cpu:N` without `--hbm_gb`)."""
+
+    name: str
+    platform: str
+    devices: tuple[Any, ...]
+    hbm_bytes: int | None
+    devices_per_host: int
+    description: str
+    arch: str | None = None  # e.g. 'sm_90' for CUDA targets, the TPU generation for TPUs
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_kind(self) -> str:
+        return str(self.devices[0].device_kind)
+
+
+def target_kind(name: str) -> str:
+    """'cpu', 'tpu' or 'cuda' from the spelling alone (no compiler is imported)."""
+    text = name.strip().lower()
+    if re.fullmatch(r"cpu(:\d+)?", text):
+        return "cpu"
+    if re.match(r"v\d", text):
+        return "tpu"
+    return "cuda"
+
+
+def _gpu_name(name: str) -> tuple[str, int]:
+    """'8xh100' -> ('h100', 8); 'h100' -> ('h100', 1)."""
+    m = re.fullmatch(r"(?:(\d+)\s*x\s*)?([a-z0-9_-]+)", name.strip().lower())
+    if not m:
+        raise TargetError(f"target {name!r}: expected e.g. 'h100', '8xh100', 'v5p-128', 'cpu:8'")
+    return m.group(2), int(m.group(1) or 1)
+
+
+def _cpu_target(name: str, hbm_gb: float | None) -> Target:
+    import jax
+
+    text = name.strip().lower()
+    want = int(text.split(":")[1]) if ":" in text else 1
+    devices = jax.devices("cpu")
+    if len(devices) != want:
+        raise TargetError(f"target {name!r}: this process has {len(devices)} CPU devices; set "
+                          f"XLA_FLAGS=--xla_force_host_platform_device_count={want} before "
+                          f"jax starts (python -m t5x_like.aot does)")
+    hbm = None if hbm_gb is None else int(hbm_gb * GIB)
+    return Target(name, "cpu", tuple(devices), hbm, want,
+                  f"{want} x host CPU device (XLA:CPU)", None)
+
+
+def _tpu_target(name: str) -> Target:
+    from t5x_like.aot import tpu
+
+    try:
+        parsed = tpu.parse_target(name)
+    except ValueError as err:
+        raise TargetError(str(err)) from err
+    try:
+        devices = tpu.target_devices(parsed)
+    except RuntimeError as err:
+        raise TargetError(str(err).splitlines()[0]) from err
+    per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
+    return Target(name, "tpu", tuple(devices), parsed.hbm_bytes, per_host, parsed.describe(),
+                  parsed.generation.name)
+
+
+def _gpu_target(name: str) -> Target:
+    from t5x_like.aot import gpu
+
+    gpu_name, count = _gpu_name(name)
+    try:
+        spec = gpu.gpu_target(gpu_name)
+    except ValueError as err:
+        raise TargetError(f"unknown target {name!r}: not a GPU ({err}), nor a TPU like "
+                          f"'v5e-16' / 'v5p-128' / 'v5e:4x4', nor 'cpu:N'") from err
+    try:
+        devices = gpu.target_devices(gpu_name, num_gpus=count)
+    except RuntimeError as err:
+        raise TargetError(f"compiling for {gpu_name}: {str(err).splitlines()[0]}") from err
+    desc = (f"{count} x {spec.device_kind} ({spec.arch}), HBM {spec.hbm_bytes / GIB:.0f} "
+            f"GiB/GPU")
+    return Target(name, "cuda", tuple(devices), spec.hbm_bytes, min(count, 8), desc, spec.arch)
+
+
+def resolve_target(name: str, hbm_gb: float | None = None) -> Target:
+    """The devices of `name` (see module docstring). `hbm_gb` overrides the per-device budget.
+
+    Raises TargetError for an unknown name or a missing compiler (naming `make install-aot`).
+    """
+    kind = target_kind(name)
+    if kind == "cpu":
+        target = _cpu_target(name, hbm_gb)
+    elif kind == "tpu":
+        target = _tpu_target(name)
+    else:
+        target = _gpu_target(name)
+    if hbm_gb is not None:
+        target = dataclasses.replace(target, hbm_bytes=int(hbm_gb * GIB))
+    return target
+
+
+# ---- the trainer's configuration, read from gin ------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    """What `train` would build for this config on the target's devices."""
+
+    model: Any
+    config: Any  # TransformerConfig
+    optimizer: Any
+    optimizer_name: str
+    batch_size: int
+    sequence_length: dict[str, int]
+    pack: bool
+    num_microbatches: int
+    on_nonfinite: str
+    mesh: Any
+    rules: Any
+    preset: str
+    state: Any  # train_step.ShardedState
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(self.mesh.shape.values())
+
+
+def _gin(key: str, default: Any = None, **kwargs: Any) -> Any:
+    from t5x_like import plan as PL
+
+    return PL.gin_value(key, default, **kwargs)
+
+
+def build_run(target: Target) -> Run:
+    """The model / optimizer / mesh / sharded state `train` builds from the parsed gin config.
+
+    The mesh shape is evaluated for the target's device count (a gin reference such as
+    `@fsdp_tp_mesh_shape()` sees the target's devices and devices per host, not this host's).
+    """
+    from t5x_like.models import TransformerConfig, make_model
+    from t5x_like.train import partitioning as P
+    from t5x_like.train import train_step as S
+    from t5x_like.train.optimizers import create_optimizer
+
+    lengths = _gin("train.sequence_length")
+    if lengths is None:
+        raise ValueError("no sequence length: bind train.sequence_length (e.g. --gin_file="
+                         "gin/runs/pretrain.gin)")
+    model = _gin("train.model") or make_model()
+    config = getattr(model, "config", None) or TransformerConfig()
+    optimizer = _gin("train.optimizer") or create_optimizer()
+    n = target.num_devices
+    shape = _gin("train.mesh_shape") or _gin("create_mesh.mesh_shape", (-1, 1, 1),
+                                             num_devices=n,
+                                             devices_per_host=min(target.devices_per_host, n))
+    mesh = P.create_mesh(tuple(shape), devices=list(target.devices))
+    preset = _gin("train.partitioning") or _gin("logical_axis_rules.preset", "fsdp")
+    rules = P.logical_axis_rules(preset)
+    batch_size = int(_gin("train.batch_size", 128))
+    shards = P.batch_shard_count(mesh, rules)
+    mb = int(_gin("train.num_microbatches", 1))
+    if batch_size % (shards * mb):
+        raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch "
+                         f"shards x {mb} microbatches of {P.describe(mesh)}")
+    pack = bool(_gin("train.pack", True))
+    state = S.plan_state(model, optimizer, S.dummy_batch(model.family, lengths, shards, pack),
+                         mesh, rules)
+    return Run(model=model, config=config, optimizer=optimizer,
+               optimizer_name=str(_gin("create_optimizer.name", "adafactor")),
+               batch_size=batch_size, sequence_length=dict(lengths), pack=pack,
+               num_microbatches=mb, on_nonfinite=str(_gin("train.on_nonfinite", "stop")),
+               mesh=mesh, rules=rules, preset=preset, state=state)
+
+
+def abstract_batch(run: Run) -> dict[str, Any]:
+    """The global batch as ShapeDtypeStructs `[batch, length]`, sharded like the trainer's."""
+    import jax
+
+    from t5x_like.train import partitioning as P
+    from t5x_like.train import train_step as S
+
+    sharding = P.batch_sharding(run.mesh, run.rules)
+    shapes = jax.eval_shape(lambda: S.dummy_batch(run.model.family, run.sequence_length,
+                                                  run.batch_size, run.pack))
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
+            for k, v in shapes.items()}
+
+
+def lower_step(run: Run, which: str) -> Any:
+    """`jax.stages.Lowered` of the train (`state, batch, rng`) or eval (`params, batch`) step."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from t5x_like.train import train_step as S
+
+    batch = abstract_batch(run)
+    if which == "train":
+        fn = S.jit_train_step(
+            S.make_train_step(run.model, run.optimizer, num_microbatches=run.num_microbatches,
+                              on_nonfinite=run.on_nonfinite),
+            run.state, run.mesh, run.rules)
+        key = jax.eval_shape(jax.random.key, 0)
+        rng = jax.ShapeDtypeStruct(key.shape, key.dtype,
+                                   sharding=NamedSharding(run.mesh, PartitionSpec()))
+        return fn.lower(run.state.abstract, batch, rng)
+    if which == "eval":
+        fn = S.jit_eval_step(S.make_eval_step(run.model), run.state, run.mesh, run.rules)
+        return fn.lower(run.state.abstract["params"], batch)
+    raise ValueError(f"step {which!r}: choose 'train' or 'eval'")
+
+
+@contextlib.contextmanager
+def kernel_target(target: Target) -> Iterator[None]:
+    """Select the Pallas flash-attention kernel's target while lowering (its backend and block
+    sizes otherwise follow this host's backend)."""
+    # the module, not the function `t5x_like.kernels.flash_attention` it re-exports
+    F = importlib.import_module("t5x_like.kernels.flash_attention")  # noqa: N806
+
+    if target.platform == "cpu":
+        yield
+        return
+    with F.compile_target("gpu" if target.platform == "cuda" else "tpu", target.arch):
+        yield
+
+
+@contextlib.contextmanager
+def heartbeat(label: str, every_s: float = 30.0,
+              write: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Print `label ... N s` every `every_s` seconds until the block ends (compiles take
+    minutes; this shows the process is alive)."""
+    out = write or (lambda s: print(s, file=sys.stderr, flush=True))
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            out(f"  ... {label}: {time.monotonic() - t0:.0f} s")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+_OOM_TEMP = re.compile(r"HLO temporaries \(([\d.]+)([KMGT])\)")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_OOM = re.compile(r"(ran out of memory|exceeds available|resource.?exhausted|out of memory)",
+                  re.IGNORECASE)
+
+
+def compile_step(run: Run, target: Target, which: str,
+                 log: Callable[[str], None] | None = None,
+                 compiler_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Lower + compile one step; returns its report (see `memory_report`), or the compiler's
+    error with `compiled: False` (and `fits: False` when the error is an out-of-memory).
+    `compiler_options`: XLA debug options for this compile (`{'xla_gpu_...': 'false'}`)."""
+    out = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    t0 = time.monotonic()
+    try:
+        with kernel_target(target):
+            lowered = lower_step(run, which)
+    except Exception as err:  # noqa: BLE001 - tracing failed: report where, keep going
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        msg = " ".join(str(err).split())
+        out(f"[aot] {which} step FAILED to trace/lower: {type(err).__name__}: {msg[:300]}")
+        return {"step": which, "compiled": False, "fits": None,
+                "lower_s": round(time.monotonic() - t0, 1),
+                "error": f"tracing/lowering: {type(err).__name__}: {msg[:4000]} "
+                         f"(at {where.filename}:{where.lineno})"}
+    t1 = time.monotonic()
+    out(f"[aot] {which} step traced + lowered in {t1 - t0:.1f} s; compiling for "
+        f"{target.num_devices} x {target.device_kind} ...")
+    report: dict[str, Any] = {"step": which, "lower_s": round(t1 - t0, 1)}
+    dump = None
+    if target.platform == "cuda" and run.config.attention_impl == "pallas":
+        dump = tempfile.mkdtemp(prefix="t5x_like_aot_dump_")  # PTX + thunks for the kernels
+    try:
+        with heartbeat(f"compiling {which} step", write=out):
+            options = dict(compiler_options or {})
+            if dump:
+                options["xla_dump_to"] = dump
+            compiled = lowered.compile(compiler_options=options or None)
+    except Exception as err:  # noqa: BLE001 - the compiler's verdict is the report
+        if dump:
+            shutil.rmtree(dump, ignore_errors=True)
+        msg = " ".join(str(err).split())
+        report.update(compiled=False, compile_s=round(time.monotonic() - t1, 1),
+                      error=f"{type(err).__name__}: {msg[:4000]}",
+                      fits=False if _OOM.search(msg) else None)
+        if "Couldn't find output tile sizes" in msg:
+            report["hint"] = ("XLA:GPU's Triton GEMM tiling failed on this dot (seen deviceless "
+                              "with jax 0.10.2 on T5 train steps); retry with --xla_option "
+                              "xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs)")
+            out(f"[aot] hint: {report['hint']}")
+        needed = _OOM_TEMP.search(msg)
+        if needed:  # XLA:TPU names what the temporaries would need: calibrates suggestions
+            report["oom_temp_bytes"] = int(float(needed.group(1)) * _UNITS[needed.group(2)])
+        out(f"[aot] {which} step FAILED to compile after {report['compile_s']} s")
+        return report
+    report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
+    report.update(memory_report(compiled, target.hbm_bytes))
+    report.update(cost_report(compiled))
+    out(f"[aot] {which} step compiled in {report['compile_s']} s")
+    if dump:
+        try:
+            report["kernels"] = gpu_kernels_from_dump(dump, target.name)
+        finally:
+            shutil.rmtree(dump, ignore_errors=True)
+    return report
+
+
+def gpu_kernels_from_dump(dump_dir: str, target_name: str) -> dict[str, dict[str, Any]]:
+    """Registers, spills, shared memory, blocks per SM and pipelined-load counts of the Pallas
+    (Triton) kernels in an `xla_dump_to` directory of a GPU compile, from ptxas -v on the PTX
+    XLA emitted (the same analysis as `gpu.kernel_report`, without compiling again)."""
+    from t5x_like.aot import gpu
+
+    return gpu.report_from_dump(dump_dir, _gpu_name(target_name)[0],
+                                kernel_filter=lambda name: "flash" in name)
+
+
+def memory_report(compiled: Any, hbm_bytes: int | None) -> dict[str, Any]:
+    """Per-device bytes from `compiled.memory_analysis()`; `peak` = arguments + outputs -
+    aliased (donated) + temporaries, `fits` = peak <= hbm_bytes (None without a budget)."""
+    m = compiled.memory_analysis()
+    b = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
+         "alias": int(m.alias_size_in_bytes), "temp": int(m.temp_size_in_bytes),
+         "code": int(m.generated_code_size_in_bytes)}
+    b["peak"] = b["argument"] + b["output"] - b["alias"] + b["temp"]
+    fits = None if hbm_bytes is None else b["peak"] <= hbm_bytes
+    return {"bytes_per_device": b, "hbm_bytes": hbm_bytes, "fits": fits}
+
+
+def cost_report(compiled: Any) -> dict[str, Any]:
+    """XLA's per-device FLOPs and bytes accessed per step (`cost_analysis`; Pallas kernels
+    without a `cost_estimate` count as zero)."""
+    ca = compiled.cost_analysis()
+    ca = (ca[0] if ca else {}) if isinstance(ca, list) else (ca or {})
+    keep = {"flops": "flops", "bytes accessed": "bytes_accessed",
+            "optimal_seconds": "optimal_seconds"}
+    return {"xla_" + v: float(ca[k]) for k, v in keep.items() if k in ca}
+
+
+# ---- the planner beside the compiler -----------------------------------------------------------
+
+
+def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
+    """`t5x_like.plan.plan` for the same config, mesh, preset, optimizer and microbatches."""
+    from t5x_like import plan as PL
+
+    result = PL.plan(run.config, batch_size=run.batch_size, sequence_length=run.sequence_length,
+                     mesh_shape=run.mesh_shape, preset=run.preset, optimizer=run.optimizer,
+                     num_microbatches=run.num_microbatches, packed=run.pack,
+                     device_memory_gb=None if hbm_bytes is None else hbm_bytes / GIB)
+    b, remat = result["bytes_per_device"], result["remat"]
+    return {
+        "remat": remat,
+        "num_params": result["num_params"],
+        "per_device_batch": result["per_device_batch"],
+        "bytes_per_device": {
+            "params": b["params"], "optimizer_state": b["optimizer_state"],
+            "gradients": b["gradients"], "gathered_weights": b["gathered_weights"],
+            "activations": b["activations"][remat], "total": b["total"][remat],
+        },
+        "flops_per_device": result["flops_per_device_per_step"]
+        + result["recompute_flops_per_step"][remat] / result["num_devices"],
+    }
+
+
+def batch_bytes_per_device(run: Run) -> int:
+    """Bytes of one device's shard of the global batch."""
+    total = 0
+    for v in abstract_batch(run).values():
+        total += math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize
+    return total
+
+
+def compare(plan_est: Mapping[str, Any], train: Mapping[str, Any],
+            batch_bytes: int) -> dict[str, float]:
+    """Planner / compiler ratios: state (params + optimizer vs arguments - batch), temp
+    (gradients + gathered + activations vs temporaries), total (vs peak), flops."""
+    pb, xb = plan_est["bytes_per_device"], train["bytes_per_device"]
+    state = pb["params"] + pb["optimizer_state"]
+    temp = pb["gradients"] + pb["gathered_weights"] + pb["activations"]
+    out = {
+        "state": state / max(xb["argument"] - batch_bytes, 1),
+        "temp": temp / max(xb["temp"], 1),
+        "total": pb["total"] / max(xb["peak"], 1),
+    }
+    if train.get("xla_flops"):
+        out["flops"] = plan_est["flops_per_device"] / train["xla_flops"]
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def suggest_fit(run: Run, target: Target, planner_over_compiler: float | None = None,
+                headroom: float = 0.9) -> dict[str, Any] | None:
+    """The cheapest change the planner expects to fit `headroom` x the target's HBM, as gin
+    bindings: `plan.recommend`'s order (data_parallel, fsdp, fsdp_tp; no remat, minimal, full;
+    then doubling microbatches, i.e. a smaller per-device batch). The budget is scaled by this
+    config's measured planner/compiler ratio, so the planner's known bias does not decide."""
+    from t5x_like import plan as PL
+
+    if not target.hbm_bytes:
+        return None
+    scale = planner_over_compiler if planner_over_compiler and planner_over_compiler > 0 else 1.0
+    budget_gb = target.hbm_bytes / GIB * scale
+    found = PL.recommend(run.config, num_devices=target.num_devices, batch_size=run.batch_size,
+                         sequence_length=run.sequence_length, device_memory_gb=budget_gb,
+                         optimizer=run.optimizer, devices_per_host=target.devices_per_host,
+                         headroom=headroom)
+    if found is None:
+        return None
+    bindings = [f"--gin_file=gin/sharding/{found['sharding']}.gin",
+                f"--gin.TransformerConfig.remat_policy=\"'{found['remat']}'\""]
+    if found["num_microbatches"] > 1:
+        bindings.append(f"--gin.train.num_microbatches={found['num_microbatches']}")
+    return {"sharding": found["sharding"], "remat": found["remat"],
+            "num_microbatches": found["num_microbatches"],
+            "per_device_batch": found["per_device_batch"],
+            "planned_bytes": found["total_bytes"],
+            "expected_compiler_bytes": found["total_bytes"] / scale, "bindings": bindings}
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GIB:.3g}"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The human table of `python -m t5x_like.aot`'s report."""
+    t, c = report["target"], report["config"]
+    lines = [f"target   {t['description']}",
+             f"model    {c['family']}, {c['num_params'] / 1e6:.1f}M params, attention "
+             f"{c['attention_impl']}, remat {c['remat']}, {c['optimizer']}",
+             f"run      batch {c['batch_size']} ({c['num_microbatches']} microbatch(es)), "
+             f"lengths {c['sequence_length']}, mesh {c['mesh']}, rules {c['preset']}", ""]
+    hbm = t.get("hbm_bytes")
+    lines.append(f"{'per device, GiB':<22}" + "".join(f"{s:>10}" for s in report["steps"])
+                 + f"{'planner':>10}")
+    plan_b = (report.get("plan") or {}).get("bytes_per_device", {})
+    plan_rows = {"argument": (plan_b.get("params", 0) + plan_b.get("optimizer_state", 0))
+                 if plan_b else None,
+                 "temp": (plan_b.get("gradients", 0) + plan_b.get("gathered_weights", 0)
+                          + plan_b.get("activations", 0)) if plan_b else None,
+                 "peak": plan_b.get("total")}
+    for row in ("argument", "output", "alias", "temp", "peak"):
+        cells = "".join(f"{_gib(s.get('bytes_per_device', {}).get(row)):>10}"
+                        for s in report["steps"].values())
+        lines.append(f"  {row:<20}{cells}{_gib(plan_rows.get(row)):>10}")
+    lines.append(f"  {'HBM':<20}" + f"{_gib(hbm):>10}" * len(report["steps"]))
+    flops = "".join(f"{s['xla_flops']:>10.3g}" if "xla_flops" in s else f"{'-':>10}"
+                    for s in report["steps"].values())
+    pf = (report.get("plan") or {}).get("flops_per_device")
+    lines.append(f"  {'FLOPs/step':<20}{flops}" + (f"{pf:>10.3g}" if pf else ""))
+    lines.append("")
+    for name, s in report["steps"].items():
+        if not s.get("compiled"):
+            took = f" ({s['compile_s']} s)" if "compile_s" in s else ""
+            lines.append(f"{name}: DOES NOT COMPILE{took}: {s['error'][:600]}")
+            if s.get("hint"):
+                lines.append(f"  hint: {s['hint']}")
+        else:
+            verdict = {True: "fits", False: "does NOT fit", None: "no HBM budget given"}
+            lines.append(f"{name}: compiled in {s['compile_s']} s; peak "
+                         f"{_gib(s['bytes_per_device']['peak'])} GiB of {_gib(hbm)}: "
+                         f"{verdict[s['fits']]}")
+    ratio = report.get("plan_over_compiler")
+    if ratio:
+        lines.append("planner / compiler: " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+    for name, s in report["steps"].items():
+        for kname, k in (s.get("kernels") or {}).items():
+            smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
+            lines.append(
+                f"{name} kernel {kname}: {k.get('registers', '?')} registers, spills "
+                f"{k.get('spill_store_bytes', '?')}/{k.get('spill_load_bytes', '?')} B "
+                f"(store/load), smem {smem} B, {k.get('blocks_per_sm', '?')} blocks/SM, "
+                f"cp.async {k.get('cp_async', 0)}, TMA {k.get('tma', 0)}")
+    sug = report.get("suggestion")
+    if sug:
+        lines.append(f"would fit (planner, x{report.get('calibration', 1.0):.2f} calibrated): "
+                     + " ".join(sug["bindings"]))
+    elif report.get("fits") is False:
+        lines.append("nothing the planner tried fits (presets x remat x microbatches)")
+    return "\n".join(lines)
+
+
+def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: Sequence[str] = (),
+               bindings: Sequence[str] = (), with_plan: bool = True,
+               log: Callable[[str], None] | None = None,
+               compiler_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything `python -m t5x_like.aot` reports for an already-parsed gin config."""
+    out = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    from t5x_like.train import partitioning as P
+
+    run = build_run(target)
+    out(f"[aot] {target.description}; {P.describe(run.mesh)}; rules {run.preset}")
+    cfg = run.config
+    report: dict[str, Any] = {
+        "target": {"name": target.name, "platform": target.platform,
+                   "device_kind": target.device_kind, "num_devices": target.num_devices,
+                   "devices_per_host": target.devices_per_host, "arch": target.arch,
+                   "hbm_bytes": target.hbm_bytes, "description": target.description},
+        "config": {"gin_files": list(gin_files), "bindings": list(bindings),
+                   "family": run.model.family,
+                   "num_params": sum(math.prod(a.shape) for a in
+                                     _leaves(run.state.abstract["params"])),
+                   "attention_impl": cfg.attention_impl, "remat": cfg.remat_policy,
+                   "optimizer": run.optimizer_name, "batch_size": run.batch_size,
+                   "num_microbatches": run.num_microbatches,
+                   "sequence_length": run.sequence_length,
+                   "mesh": dict(run.mesh.shape), "preset": run.preset},
+        "steps": {},
+        "compiler_options": dict(compiler_options or {}),
+    }
+    for which in steps:
+        report["steps"][which] = compile_step(run, target, which, out, compiler_options)
+    train = report["steps"].get("train")
+    if with_plan:
+        t0 = time.monotonic()
+        report["plan"] = planner_estimate(run, target.hbm_bytes)
+        out(f"[aot] planner estimate in {time.monotonic() - t0:.1f} s")
+        if train and train.get("compiled"):
+            report["plan_over_compiler"] = compare(report["plan"], train,
+                                                   batch_bytes_per_device(run))
+    verdicts = [s.get("fits") for s in report["steps"].values()]
+    report["compiled"] = all(s.get("compiled") for s in report["steps"].values())
+    report["fits"] = (False if False in verdicts else None if None in verdicts else True)
+    if report["fits"] is False and with_plan:
+        ratio = (report.get("plan_over_compiler") or {}).get("total")
+        if ratio is None and train and train.get("oom_temp_bytes"):
+            pb = report["plan"]["bytes_per_device"]
+            ratio = (pb["gradients"] + pb["gathered_weights"] + pb["activations"]) / train[
+                "oom_temp_bytes"]
+            report["plan_over_compiler"] = {"temp_from_oom_message": round(ratio, 4)}
+        report["calibration"] = ratio or 1.0
+        report["suggestion"] = suggest_fit(run, target, ratio)
+    return report
+
+
+def _leaves(tree: Any) -> list[Any]:
+    import jax
+
+    return jax.tree.leaves(tree)

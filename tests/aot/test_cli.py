@@ -1,0 +1,150 @@
+"""`python -m t5x_like.aot` end to end, as a user runs it: a real subprocess compiling the real
+train step for an 8-device CPU mesh (`--target cpu:8`, no compiler package needed), and its
+errors for targets whose compiler is not installed in this environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+#: quickstart.gin shrunk so a compile takes seconds: 1+1 layers, short sequences.
+TINY = ("--gin_file=gin/runs/quickstart.gin", "--gin_file=gin/sharding/fsdp.gin",
+        "--gin.TransformerConfig.num_encoder_layers=1",
+        "--gin.TransformerConfig.num_decoder_layers=1",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.train.batch_size=16")
+
+
+def run_aot(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "t5x_like.aot", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path_factory.mktemp("aot") / "report.json"
+    proc = run_aot("--target=cpu:8", "--hbm_gb=4", f"--json_out={out}", "--step=both", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+def test_compiles_train_and_eval_for_an_8_device_mesh_and_fits(fits) -> None:
+    proc, report = fits
+    assert report["target"]["num_devices"] == 8 and report["target"]["platform"] == "cpu"
+    assert report["config"]["mesh"] == {"data": 1, "fsdp": 8, "model": 1}
+    assert report["compiled"] and report["fits"] is True
+    for step in ("train", "eval"):
+        s = report["steps"][step]
+        b = s["bytes_per_device"]
+        assert s["compiled"] and s["fits"] is True
+        assert b["argument"] > 0 and b["temp"] > 0 and 0 < b["peak"] <= 4 * 2**30
+        assert b["peak"] == b["argument"] + b["output"] - b["alias"] + b["temp"]
+        assert s["xla_flops"] > 0
+    # the train step donates its state: XLA aliases it with the new state
+    assert report["steps"]["train"]["bytes_per_device"]["alias"] > 0
+    assert report["steps"]["train"]["xla_flops"] > report["steps"]["eval"]["xla_flops"]
+    # the planner beside the compiler: parameters + optimizer state are exact
+    plan = report["plan"]["bytes_per_device"]
+    assert plan["params"] > 0 and plan["total"] > plan["params"]
+    assert report["plan_over_compiler"]["state"] == pytest.approx(1.0, abs=0.02)
+    assert 0.5 < report["plan_over_compiler"]["flops"] < 2
+    # progress went to stderr, the table to stdout
+    assert "compiling for 8 x cpu" in proc.stderr and "train: compiled in" in proc.stdout
+    assert "fits" in proc.stdout and "planner" in proc.stdout
+
+
+def test_a_tiny_budget_does_not_fit_and_names_what_would(tmp_path) -> None:
+    out = tmp_path / "report.json"
+    proc = run_aot("--target=cpu:8", "--hbm_gb=0.0005", f"--json_out={out}", *TINY)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    train = report["steps"]["train"]
+    assert train["compiled"] and train["fits"] is False and report["fits"] is False
+    assert train["bytes_per_device"]["peak"] > 0.0005 * 2**30
+    assert "does NOT fit" in proc.stdout
+    # 0.5 MiB per device is below the parameters alone: the planner finds nothing that fits
+    # and says so, rather than printing bindings that would not fit either.
+    if report["suggestion"] is None:
+        assert "nothing the planner tried fits" in proc.stdout
+    else:
+        assert report["suggestion"]["expected_compiler_bytes"] <= 0.0005 * 2**30
+        assert "--gin" in proc.stdout
+
+
+def test_a_budget_that_needs_remat_gets_a_suggestion(fits, tmp_path) -> None:
+    """Between the activations-free minimum and the measured peak, a remat / microbatch
+    change fits: the CLI names its gin bindings."""
+    peak = fits[1]["steps"]["train"]["bytes_per_device"]["peak"]
+    out = tmp_path / "report.json"
+    proc = run_aot("--target=cpu:8", f"--hbm_gb={0.98 * peak / 2**30:.6f}",
+                   f"--json_out={out}", *TINY)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    sug = report["suggestion"]
+    assert sug is not None, proc.stdout
+    assert sug["remat"] != "none" or sug["num_microbatches"] > 1 or sug["sharding"] != "fsdp"
+    assert any("remat_policy" in b for b in sug["bindings"])
+    assert "would fit" in proc.stdout
+
+
+@pytest.mark.parametrize("target,package", [("h100", "jax_plugins.xla_cuda12"),
+                                            ("8xa100", "jax_plugins.xla_cuda12"),
+                                            ("v5e-16", "libtpu")])
+def test_missing_compiler_exits_2_naming_make_install_aot(target, package) -> None:
+    if _installed(package):
+        pytest.skip(f"{package} is installed in this environment: no missing-plugin error")
+    proc = run_aot(f"--target={target}", *TINY, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "make install-aot" in lines[0]
+
+
+@pytest.mark.parametrize("target,words", [("z80", "unknown target 'z80'"),
+                                          ("v5e-3", "not a power of two"),
+                                          ("v9-8", "unknown generation")])
+def test_bad_targets_exit_2_with_one_line(target, words) -> None:
+    proc = run_aot(f"--target={target}", *TINY, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_a_batch_the_target_mesh_cannot_split_exits_2() -> None:
+    proc = run_aot("--target=cpu:3", *TINY, timeout=120)  # fsdp over 3 devices, batch 16
+    assert proc.returncode == 2 and "not divisible by the 3 batch shards" in proc.stderr, \
+        proc.stderr
+
+
+def test_bad_gin_binding_exits_2() -> None:
+    proc = run_aot("--target=cpu:8", *TINY, "--gin.train.batch_sise=3", timeout=120)
+    assert proc.returncode == 2 and "batch_size" in proc.stderr, proc.stderr
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_xla_option_needs_key_value() -> None:
+    proc = run_aot("--target=cpu:8", *TINY, "--xla_option=xla_gpu_enable_triton_gemm",
+                   timeout=120)
+    assert proc.returncode == 2 and "expected KEY=VALUE" in proc.stderr, proc.stderr
+
+
+def test_xla_option_values_are_typed() -> None:
+    from t5x_like.aot.__main__ import _option_value
+
+    assert _option_value("false") is False and _option_value("True") is True
+    assert _option_value("0") == 0 and _option_value("0.5") == 0.5
+    assert _option_value("/tmp/dump") == "/tmp/dump"
