@@ -47,6 +47,30 @@ def mfu(model_flops_per_second: float, num_devices: int, device_kind: str) -> fl
     return model_flops_per_second / (peak * num_devices)
 
 
+def throughput(
+    *, steps: int, seconds: float, batch_size: int, tokens_per_seq: int, flops_per_step: float,
+    devices: int, device_kind: str,
+) -> dict[str, float | None]:
+    """Rates over ``steps`` steps that took ``seconds`` of wall time (None when not measurable).
+
+    The trainer times the interval between two metric reads; each read waits for its step to
+    finish on the device, so the rate is the device's step rate even though the host reads the
+    metrics one step late. Keys: steps/examples/tokens/model-FLOPs per second and ``mfu``.
+    """
+    rate = steps / seconds if steps and seconds > 0 else float("nan")
+    if not math.isfinite(rate):
+        return dict.fromkeys(("steps_per_second", "examples_per_second", "tokens_per_second",
+                              "model_flops_per_second", "mfu"))
+    flops_s = flops_per_step * rate
+    return {
+        "steps_per_second": rate,
+        "examples_per_second": rate * batch_size,
+        "tokens_per_second": rate * batch_size * tokens_per_seq,
+        "model_flops_per_second": flops_s,
+        "mfu": mfu(flops_s, devices, device_kind),
+    }
+
+
 def _fmt(value: float) -> str:
     if value == 0 or math.isnan(value) or math.isinf(value):
         return f"{value}"

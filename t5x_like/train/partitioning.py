@@ -126,24 +126,98 @@ def fsdp_tp_mesh_shape(
     return (1, total // model, model)
 
 
+def _granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
+    """Devices grouped by slice (TPU multislice) or else by process, each group sorted by id."""
+    key = "slice_index" if len({getattr(d, "slice_index", 0) for d in devices}) > 1 \
+        else "process_index"
+    groups: dict[int, list[Any]] = {}
+    for d in devices:
+        groups.setdefault(int(getattr(d, key)), []).append(d)
+    return key, [sorted(groups[k], key=lambda d: d.id) for k in sorted(groups)]
+
+
+def default_dcn_mesh_shape(mesh_shape: Sequence[int], num_granules: int) -> tuple[int, ...]:
+    """How many slices/hosts each mesh axis spans: the outer axes (data, then fsdp) take them,
+    so the inner axes (model, the bandwidth-hungry one) stay inside one host or slice."""
+    dcn, left = [], num_granules
+    for size in mesh_shape:
+        dcn.append(math.gcd(int(size), left))
+        left //= dcn[-1]
+    if left != 1:
+        raise ValueError(f"mesh_shape {tuple(mesh_shape)} cannot be split over {num_granules} "
+                         "hosts/slices: give create_mesh.dcn_mesh_shape explicitly")
+    return tuple(dcn)
+
+
+def _granule_mesh(ici_shape: tuple[int, ...], devs: list[Any]) -> np.ndarray:
+    """One host's/slice's devices as an ``ici_shape`` array, physical layout when jax knows it."""
+    try:
+        from jax.experimental import mesh_utils
+
+        return mesh_utils.create_device_mesh(ici_shape, devices=devs)
+    except (ValueError, NotImplementedError, AssertionError, AttributeError, TypeError):
+        return np.asarray(devs, dtype=object).reshape(ici_shape)
+
+
+def hybrid_device_layout(
+    mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int], granules: Sequence[Sequence[Any]],
+) -> np.ndarray:
+    """A ``mesh_shape`` device array built from ``prod(dcn_mesh_shape)`` granules (hosts/slices).
+
+    Each mesh axis of size ``n`` is ``dcn[i]`` granules x ``n / dcn[i]`` devices inside one
+    granule (ICI), so an axis with ``dcn[i] == 1`` never crosses a host/slice boundary.
+    Granule ``g`` goes to position ``unravel_index(g, dcn_mesh_shape)`` of the DCN grid.
+    """
+    shape, dcn = tuple(int(s) for s in mesh_shape), tuple(int(s) for s in dcn_mesh_shape)
+    if len(dcn) != len(shape):
+        raise ValueError(f"dcn_mesh_shape {dcn} needs {len(shape)} entries like mesh {shape}")
+    if any(d < 1 or s % d for s, d in zip(shape, dcn, strict=True)):
+        raise ValueError(f"dcn_mesh_shape {dcn} must divide mesh_shape {shape} axis by axis")
+    if math.prod(dcn) != len(granules):
+        raise ValueError(f"dcn_mesh_shape {dcn} spans {math.prod(dcn)} hosts/slices, have "
+                         f"{len(granules)}")
+    ici = tuple(s // d for s, d in zip(shape, dcn, strict=True))
+    grid = np.empty(dcn + ici, dtype=object)
+    for g, devs in enumerate(granules):
+        if len(devs) != math.prod(ici):
+            raise ValueError(f"mesh {shape} / dcn {dcn} needs {math.prod(ici)} devices per "
+                             f"host/slice (ici shape {ici}); host/slice {g} has {len(devs)}")
+        grid[np.unravel_index(g, dcn)] = _granule_mesh(ici, list(devs))
+    n = len(shape)
+    order = [i for pair in zip(range(n), range(n, 2 * n), strict=True) for i in pair]
+    return grid.transpose(order).reshape(shape)
+
+
 @gin.configurable
 def create_mesh(
-    mesh_shape: Sequence[int] = (-1, 1, 1), devices: Sequence[jax.Device] | None = None
+    mesh_shape: Sequence[int] = (-1, 1, 1),
+    devices: Sequence[jax.Device] | None = None,
+    dcn_mesh_shape: Sequence[int] | None = None,
 ) -> Mesh:
-    """A ``('data', 'fsdp', 'model')`` mesh over all (global) devices; -1 fills the rest."""
+    """A ``('data', 'fsdp', 'model')`` mesh over all (global) devices; -1 fills the rest.
+
+    One process: ``mesh_utils.create_device_mesh`` (follows the physical topology). Several
+    TPU slices (devices with distinct ``slice_index``): ``mesh_utils.create_hybrid_device_mesh``
+    with ICI shape ``mesh_shape / dcn_mesh_shape``. Several processes otherwise (GPU hosts):
+    each host's devices form the ICI sub-mesh, hosts the DCN grid. ``dcn_mesh_shape`` (how many
+    hosts/slices each axis spans) defaults to ``default_dcn_mesh_shape``: outer axes first.
+    """
     devs = list(jax.devices() if devices is None else devices)
     shape = resolve_mesh_shape(mesh_shape, len(devs))
-    if len({d.process_index for d in devs}) > 1:
-        # Process-major order: the outer mesh axes (data, then fsdp) span hosts, so the
-        # bandwidth-hungry inner axes (model) stay within a host.
-        arr = np.asarray(sorted(devs, key=lambda d: (d.process_index, d.id))).reshape(shape)
+    kind, granules = _granules(devs)
+    if len(granules) == 1 and dcn_mesh_shape is None:
+        arr = _granule_mesh(shape, devs)
     else:
-        try:
+        dcn = (default_dcn_mesh_shape(shape, len(granules)) if dcn_mesh_shape is None
+               else tuple(int(d) for d in dcn_mesh_shape))
+        if kind == "slice_index":
             from jax.experimental import mesh_utils
 
-            arr = mesh_utils.create_device_mesh(shape, devices=devs)
-        except (ValueError, NotImplementedError, AssertionError):
-            arr = np.asarray(devs).reshape(shape)
+            hybrid_device_layout(shape, dcn, granules)  # checks the shapes, naming them
+            ici = tuple(s // d for s, d in zip(shape, dcn, strict=True))
+            arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devs)
+        else:
+            arr = hybrid_device_layout(shape, dcn, granules)
     return Mesh(arr, MESH_AXES)
 
 

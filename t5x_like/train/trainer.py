@@ -96,7 +96,9 @@ def write_operative_config(model_dir: str) -> None:
     if jax.process_index() != 0:
         return
     os.makedirs(model_dir, exist_ok=True)
-    text = re.sub(r"^train\.model_dir = .*\n", "", gin.operative_config_str(), flags=re.M)
+    # Gin wraps a long value onto an indented continuation line after a backslash.
+    text = re.sub(r"^train\.model_dir = (?:\\\n)?[^\n]*\n", "", gin.operative_config_str(),
+                  flags=re.M)
     text += f"\n# Where this run's checkpoints are (absolute).\ntrain.model_dir = {model_dir!r}\n"
     with open(os.path.join(model_dir, "config.gin"), "w", encoding="utf-8") as f:
         f.write(text)
@@ -150,7 +152,9 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
 
 
 def _scalars(tree: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(np.asarray(jax.device_get(v))) for k, v in tree.items()}
+    """Host floats of a dict of device scalars (one transfer for the whole dict)."""
+    host = jax.device_get(dict(tree))
+    return {k: float(np.asarray(v)) for k, v in host.items()}
 
 
 @gin.configurable
@@ -182,6 +186,7 @@ def train(
     on_nonfinite: str = "stop",
     checkpoint_data_iterator: bool = True,
     tensorboard: bool = True,
+    synchronous_metrics: bool = False,
 ) -> dict[str, float]:
     """Train ``model`` on ``task``; returns the last logged train metrics.
 
@@ -202,6 +207,9 @@ def train(
         the model dir has no checkpoint yet (fresh optimizer state, step 0).
       eval_every / eval_steps / eval_split: evaluation interval (0: never) and size.
       on_nonfinite: 'stop' (raise, naming the step, without saving) or 'skip' (drop the update).
+      synchronous_metrics: read every step's metrics before dispatching the next (a host
+        round-trip per step; for debugging). The default reads them one step late; the logged
+        values, checkpoints and final state are the same either way.
     """
     required = [k for k, v in dict(locals()).items() if v is gin.REQUIRED]
     if required:
@@ -309,12 +317,12 @@ def train(
             if eval_data is not None:
                 run_eval(start)
             return last
-        t_mark, steps_since = time.perf_counter(), 0
+        timer = {"mark": time.perf_counter(), "steps": 0}
         timed_from = start + 1  # the first step includes compilation: not timed
-        for step in range(start, num_train_steps):
-            batch = next(train_data)
-            state, metrics = step_fn(state, batch, dropout_rng)
-            done = step + 1
+
+        def report(done: int, metrics: Mapping[str, Any]) -> None:
+            """Read step ``done``'s metrics (waits for that step only), check, log them."""
+            nonlocal last
             values = _scalars(metrics)
             if not math.isfinite(values["loss"]) or not values["finite"]:
                 msg = (f"non-finite loss at step {done} (loss={values['loss']}, "
@@ -329,34 +337,47 @@ def train(
                     )
                 writer.console(f"[t5x_like.train] {msg}; update skipped")
             if done == timed_from:
-                t_mark, steps_since = time.perf_counter(), 0
+                timer["mark"], timer["steps"] = time.perf_counter(), 0
             else:
-                steps_since += 1
+                timer["steps"] += 1
             if done % log_every == 0 or done in (start + 1, num_train_steps):
-                dt = time.perf_counter() - t_mark
-                rate = steps_since / dt if steps_since and dt > 0 else float("nan")
-                flops_s = flops_per_step * rate
-                values.update(
-                    steps_per_second=rate,
-                    examples_per_second=rate * batch_size,
-                    tokens_per_second=rate * batch_size * tokens_per_seq,
-                    model_flops_per_second=flops_s,
-                    mfu=M.mfu(flops_s, devices, device_kind) if math.isfinite(rate) else None,
-                    tokens_seen=float(done * batch_size * tokens_per_seq),
-                )
+                values.update(M.throughput(
+                    steps=timer["steps"], seconds=time.perf_counter() - timer["mark"],
+                    batch_size=batch_size, tokens_per_seq=tokens_per_seq,
+                    flops_per_step=flops_per_step, devices=devices, device_kind=device_kind))
+                values["tokens_seen"] = float(done * batch_size * tokens_per_seq)
                 values.pop("finite", None)
-                if not math.isfinite(rate):
-                    for k in ("steps_per_second", "examples_per_second", "tokens_per_second",
-                              "model_flops_per_second"):
-                        values[k] = None
                 writer.write(done, "train", values)
                 writer.progress(done, num_train_steps, values)
                 last = {k: v for k, v in values.items() if v is not None}
-                t_mark, steps_since = time.perf_counter(), 0
+                timer["mark"], timer["steps"] = time.perf_counter(), 0
+
+        # Metrics are read one step late: step N+1 is dispatched before step N's metrics are
+        # fetched, so the host never idles the device between steps. Steps that save, evaluate,
+        # end the run or answer a signal are read at once (their state must be known finite
+        # before it is saved, and the state is donated to the next step). When the lagged read
+        # finds step N non-finite under 'stop', the already dispatched step N+1 (computed from
+        # the bad state) is dropped: never logged, counted or saved.
+        pending: tuple[int, Any] | None = None  # (step, device metrics) not yet read
+        for step in range(start, num_train_steps):
+            batch = next(train_data)
+            new_state, metrics = step_fn(state, batch, dropout_rng)
+            done = step + 1
+            if pending is not None:
+                report(*pending)
+            state, pending = new_state, (done, metrics)
+            signalled = flag.any_process()
+            eval_due = eval_data is not None and (done % eval_every == 0
+                                                  or done == num_train_steps)
+            if not (synchronous_metrics or signalled or eval_due or done == num_train_steps
+                    or checkpointer.should_save(done)):
+                continue
+            report(*pending)
+            pending = None
             save(done)
-            if eval_data is not None and (done % eval_every == 0 or done == num_train_steps):
+            if eval_due:
                 run_eval(done)
-            if flag.any_process():
+            if signalled:
                 save(done, force=True)
                 checkpointer.wait()
                 writer.console(f"[t5x_like.train] {flag.name}: saved step {done}; exiting")

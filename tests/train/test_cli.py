@@ -145,10 +145,15 @@ def test_bad_run_settings_fail_before_compute(tmp_path, capsys, bindings, expect
 def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> None:
     """The eval recipe reads <run>/config.gin from any working directory."""
     monkeypatch.chdir(tmp_path)
-    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", "--model_dir=rel_run",
+    # A long path: gin wraps long values onto a continuation line.
+    rel = "rel_run_" + "x" * 80
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--gin.train.model_dir='{rel}'",
                    "--gin.train.num_train_steps=1", "--gin.train.batch_size=8",
                    "--gin.train.sequence_length={'inputs': 32, 'targets': 8}",
                    "--gin.train.checkpoint_every=1", "--gin.train.tensorboard=False"])
     assert rc == 0
-    text = (tmp_path / "rel_run" / "config.gin").read_text(encoding="utf-8")
-    assert f"train.model_dir = {str(tmp_path / 'rel_run')!r}" in text
+    text = (tmp_path / rel / "config.gin").read_text(encoding="utf-8")
+    assert f"train.model_dir = {str(tmp_path / rel)!r}" in text
+    gin.clear_config()  # the saved config parses, naming the run's directory
+    cli.parse_gin([str(tmp_path / rel / "config.gin")], [])
+    assert gin.query_parameter("train.model_dir") == str(tmp_path / rel)
