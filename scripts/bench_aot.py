@@ -314,10 +314,15 @@ NOTES = """
   of every layer instead of their sum); visiting residuals in program order does the
   opposite. The planner takes the cheaper of the two per config (`plan._FUSION_PLANS`).
 - XLA:GPU's compile-only executables return no `cost_analysis` (no FLOPs column for GPU).
-- Not measured yet (queued behind other heavy jobs when this was written): T5-base `fsdp`,
-  `fsdp_tp` and remat='minimal' on v5e-16, T5-large `fsdp` on v5e-16 and 8 x H100, and T5
+- **Planner, FSDP / FSDP + TP on XLA:TPU (not yet within 15%).** T5-base on v5e-16: `fsdp`
+  0.735x of XLA's peak (temp 0.731x: the all-gathered weights XLA keeps live are the likely
+  gap), `fsdp_tp` (1x4x4) 1.21x. Only data parallel is calibrated so far.
+- Not measured yet: remat='minimal' on v5e-16, T5-large `fsdp` on v5e-16 and 8 x H100, and T5
   v1.1-XXL `fsdp` remat='minimal' on v5p-128 (`--heavy`, ~19 GB RAM, ~18 min). Run
   `scripts/bench_aot.py` (resumable) to fill them in.
+- The kernels' own compile results are in `flash_gpu_blocks.md` (every candidate block size
+  on sm_80 / sm_86 / sm_90: registers, spills, shared memory, pipelined loads) and
+  `flash_tpu_compile.md` (v4 / v5e / v5p / v6e, every variant, VMEM, FLOPs).
 """
 
 
