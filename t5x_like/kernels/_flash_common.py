@@ -116,7 +116,7 @@ def rel_bucket_tile(cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array) -> jax
     )
 
 
-def _bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
+def bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(min, max) bucket id present in a tile [bq, bk]: the loops below visit only that range.
 
     Tiles farther than `max_distance` from the diagonal hold a single bucket, so there the loop
@@ -129,7 +129,7 @@ def _bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> jax.Array:
     """Bias [bq, bk] = table_row[bucket], as a select per bucket present (no in-kernel gather)."""
-    lo, hi = _bucket_range(bucket)
+    lo, hi = bucket_range(bucket)
     ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)
 
     def body(n, acc):
@@ -137,18 +137,6 @@ def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> 
         return acc + jnp.where(bucket == n, value, 0.0)
 
     return jax.lax.fori_loop(lo, hi + 1, body, jnp.zeros(bucket.shape, jnp.float32))
-
-
-def rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Array:
-    """Table-gradient contribution [num_buckets_pad] of one tile: sum of dS per bucket id."""
-    lo, hi = _bucket_range(bucket)
-    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)
-
-    def body(n, acc):
-        total = jnp.sum(jnp.sum(jnp.where(bucket == n, ds, 0.0), axis=1), axis=0)
-        return acc + jnp.where(ids == n, total, 0.0)
-
-    return jax.lax.fori_loop(lo, hi + 1, body, jnp.zeros((cfg.num_buckets_pad,), jnp.float32))
 
 
 def tile_mask(
@@ -214,12 +202,6 @@ def logits_tile(
     if mask is not None:
         s = jnp.where(mask, s, NEG_INF)
     return s, bucket
-
-
-def segment_range(seg: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(min nonzero, max) segment id of a block; an all-padding block gives (big, 0)."""
-    big = jnp.iinfo(jnp.int32).max
-    return jnp.min(jnp.where(seg == 0, big, seg), axis=0), jnp.max(seg, axis=0)
 
 
 def segments_overlap(qrange: tuple, krange: tuple) -> jax.Array:

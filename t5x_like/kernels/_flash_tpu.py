@@ -308,10 +308,10 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
 def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Array:
     """Table-gradient row [1, num_buckets_pad] of one tile: the sum of dS [bq, bk] per bucket.
 
-    As `fc.rel_grad_tile`, but each bucket's sum is one whole-tile reduction and the result
-    stays 2-D: reducing a row-reduced vector again lowers to a sublane gather (not on TPU v4).
+    Each bucket's sum is one whole-tile reduction and the result stays 2-D: reducing a
+    row-reduced vector again lowers to a sublane gather (not on TPU v4).
     """
-    lo, hi = fc._bucket_range(bucket)
+    lo, hi = fc.bucket_range(bucket)
     ids = jax.lax.broadcasted_iota(jnp.int32, (1, cfg.num_buckets_pad), 1)
 
     def body(n, acc):
