@@ -79,7 +79,7 @@ CONFIGS: tuple[Config, ...] = (
     Config("t5_1_1_base", "data_parallel", "8xh100", xla_options=NO_TRITON_GEMM),
     Config("t5_1_1_base", "fsdp", "8xh100", xla_options=NO_TRITON_GEMM),
     Config("t5_1_1_base", "fsdp_tp", "8xh100", xla_options=NO_TRITON_GEMM),
-    Config("t5_1_1_large", "fsdp", "v5e-16"),
+    Config("t5_1_1_large", "fsdp", "v5e-16", heavy=True),  # > 24 GB host RAM
     Config("t5_1_1_large", "fsdp", "8xh100", xla_options=NO_TRITON_GEMM),
     Config("t5_1_1_xxl", "fsdp", "v5p-128", ("train.batch_size=2048", REMAT_MIN), heavy=True),
 )
@@ -298,8 +298,8 @@ NOTES = """
 - **XLA:GPU, deviceless (jax 0.10.2): the T5 train steps do not compile** with the default
   Triton GEMMs: `Couldn't find output tile sizes that satisfy hlo` on the decoder
   self-attention out-projection (`bf16[1824, d_model]`, 1824 = 16 sequences x 114 targets per
-  GPU), for T5-small and T5-base, data parallel and FSDP. `xla_gpu_autotune_level=0` fails the
-  same way; `xla_gpu_enable_triton_gemm=false` (cuBLAS) compiles. Whether a real H100 (with
+  GPU), for T5-small and T5-base, data parallel, FSDP and FSDP+TP. `xla_gpu_autotune_level=0`
+  fails the same way; `xla_gpu_enable_triton_gemm=false` (cuBLAS) compiles. Whether a real H100 (with
   autotuning) hits it is unverified: no GPU was available.
 - **Planner, XLA:GPU (not calibrated).** With cuBLAS GEMMs, XLA:GPU keeps more than XLA:TPU
   (no convert/epilogue fusion into the GEMMs): the fused estimate is 0.65x of its peak for
@@ -317,9 +317,14 @@ NOTES = """
 - **Planner, FSDP / FSDP + TP on XLA:TPU (not yet within 15%).** T5-base on v5e-16: `fsdp`
   0.735x of XLA's peak (temp 0.731x: the all-gathered weights XLA keeps live are the likely
   gap), `fsdp_tp` (1x4x4) 1.21x. Only data parallel is calibrated so far.
-- Not measured yet: remat='minimal' on v5e-16, T5-large `fsdp` on v5e-16 and 8 x H100, and T5
-  v1.1-XXL `fsdp` remat='minimal' on v5p-128 (`--heavy`, ~19 GB RAM, ~18 min). Run
-  `scripts/bench_aot.py` (resumable) to fill them in.
+- **Planner, remat='minimal' on XLA:TPU (not yet within 15%).** T5-base data parallel on
+  v5e-16: XLA's peak falls from 4.12 to 2.55 GiB, the planner's from 4.53 to 3.15 GiB (total
+  1.24x, temp 1.37x): under the minimal policy XLA:TPU rematerialises more than the planner's
+  saved-residual count assumes.
+- **T5-large.** `fsdp` on 8 x H100 (cuBLAS GEMMs) compiles: 25.8 GiB peak of 80, planner 0.58x
+  (as T5-base, the uncalibrated GPU model). On v5e-16 the compile ran out of this machine's 24 GiB
+  host RAM after 7 min (killed by the kernel OOM killer), so it runs only with `--heavy`, like
+  T5 v1.1-XXL `fsdp` remat='minimal' on v5p-128 (~19 GB RAM, ~18 min); neither is measured yet.
 - The kernels' own compile results are in `flash_gpu_blocks.md` (every candidate block size
   on sm_80 / sm_86 / sm_90: registers, spills, shared memory, pipelined loads) and
   `flash_tpu_compile.md` (v4 / v5e / v5p / v6e, every variant, VMEM, FLOPs).
