@@ -299,8 +299,8 @@ NOTES = """
   Triton GEMMs: `Couldn't find output tile sizes that satisfy hlo` on the decoder
   self-attention out-projection (`bf16[1824, d_model]`, 1824 = 16 sequences x 114 targets per
   GPU), for T5-small and T5-base, data parallel, FSDP and FSDP+TP. `xla_gpu_autotune_level=0`
-  fails the same way; `xla_gpu_enable_triton_gemm=false` (cuBLAS) compiles. Whether a real H100 (with
-  autotuning) hits it is unverified: no GPU was available.
+  fails the same way; `xla_gpu_enable_triton_gemm=false` (cuBLAS) compiles. Whether a real
+  H100 (with autotuning) hits it is unverified: no GPU was available.
 - **Planner, XLA:GPU (not calibrated).** With cuBLAS GEMMs, XLA:GPU keeps more than XLA:TPU
   (no convert/epilogue fusion into the GEMMs): the fused estimate is 0.65x of its peak for
   T5-small data parallel on 8 x H100, the every-residual one 1.69x. Calibrating GPU needs the
