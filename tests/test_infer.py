@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import jax
 import numpy as np
@@ -119,7 +120,7 @@ def test_rank_equals_score_of_every_pair(predictor):
         infer.rank(predictor, TEXTS, [])
 
 
-def test_cli_txt_and_jsonl(tmp_path, pretrained_dir, predictor):
+def test_cli_txt_and_jsonl(tmp_path, pretrained_dir, predictor, caplog):
     txt = tmp_path / "in.txt"
     txt.write_text("\n".join(TEXTS[:2]) + "\n\n", encoding="utf-8")
     out = tmp_path / "out.jsonl"
@@ -129,6 +130,8 @@ def test_cli_txt_and_jsonl(tmp_path, pretrained_dir, predictor):
     expected = infer.predict(predictor, TEXTS[:2], batch_size=8)
     assert [r["inputs"] for r in rows] == TEXTS[:2]
     assert [r["output"] for r in rows] == [p["output"] for p in expected]
+    # A healthy checkpoint loads without orbax's item-level "Metadata file does not exist".
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text(json.dumps({"inputs": TEXTS[0], "targets": "cat"}) + "\n"
                      + json.dumps({"inputs": TEXTS[1]}) + "\n", encoding="utf-8")
@@ -202,3 +205,52 @@ def test_unwritable_output_file_fails_before_decoding(tmp_path, capsys):
                 f"--output_file={out}"]
         assert infer.main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+def test_converted_hf_checkpoint_is_usable_directly(tmp_path):
+    """`convert --from hf --to ours` output: infer loads it (params, config, the checkpoint's own
+    SentencePiece model) and scores exactly as the Hugging Face model does."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from t5x_like import convert
+    from t5x_like.data import vocab
+    from t5x_like.train.checkpoints import load_params
+
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=8192, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_decoder_layers=1,
+        num_heads=2, dropout_rate=0.0, feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False)).eval()
+    hf_dir, out = tmp_path / "hf", tmp_path / "ours"
+    hf.save_pretrained(hf_dir)
+    shutil.copy(vocab.vocabulary_path("c4like_8k"), hf_dir / "spiece.model")
+    assert convert.main(["--from", "hf", "--to", "ours", "--input", str(hf_dir), "--output",
+                         str(out), "--gin.TransformerConfig.dtype='float32'"]) == 0
+    assert (out / "spiece.model").read_bytes() == (hf_dir / "spiece.model").read_bytes()
+
+    pred = infer.load_predictor(str(out))
+    assert pred.step is None and pred.vocabulary.vocab_size == 8100  # 8000 pieces + 100 ids
+    # evaluate / fine-tuning initialise from the same dir (train.init_params_path=OUT).
+    again = load_params(str(out), jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                               pred.params))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again),
+                                                    jax.tree.leaves(pred.params), strict=True))
+    target = "on the mat"
+    ids_in = [*pred.vocabulary.encode(TEXTS[0]), 1]
+    ids_tg = [*pred.vocabulary.encode(target), 1]
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([ids_in]),
+                    decoder_input_ids=torch.tensor([[0, *ids_tg[:-1]]])).logits  # T5: 0 starts
+    want = torch.log_softmax(logits[0], -1)[torch.arange(len(ids_tg)), torch.tensor(ids_tg)]
+    assert infer.score(pred, [TEXTS[0]], [target])[0] == pytest.approx(float(want.sum()),
+                                                                       abs=1e-3)
+    src, dst = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    src.write_text(TEXTS[1] + "\n", encoding="utf-8")
+    assert infer.main([f"--checkpoint={out}", f"--input_file={src}", f"--output_file={dst}",
+                       "--max_decode_length=4"]) == 0
+    assert len(dst.read_text(encoding="utf-8").splitlines()) == 1
+    assert infer.main([f"--checkpoint={out}", "--step=3", f"--input_file={src}",
+                       f"--output_file={dst}"]) == 2

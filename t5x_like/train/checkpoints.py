@@ -35,6 +35,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 CHECKPOINT_SUBDIR = "checkpoints"
+#: Where `python -m t5x_like.convert --to ours` puts the parameter tree (beside its config.gin).
+CONVERTED_PARAMS_SUBDIR = "params"
 DATA_STATE_SUBDIR = "data_state"
 
 
@@ -85,6 +87,26 @@ def _silence_abandoned_reads() -> None:
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, _DropAbandonedReads) for f in asyncio_log.filters):
         asyncio_log.addFilter(_DropAbandonedReads())
+
+
+class _DropItemMetadataWarning(logging.Filter):
+    """Orbax warns that ``<step>/state/_CHECKPOINT_METADATA`` is missing whenever an item
+    directory is read on its own (as params-only loading does), though a healthy checkpoint keeps
+    that file one level up, in ``<step>/``. Drop the warning exactly then."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        prefix = "Metadata file does not exist: "
+        if not msg.startswith(prefix):
+            return True
+        step_dir = os.path.dirname(os.path.dirname(msg[len(prefix):]))
+        return not os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA"))
+
+
+def _quiet_item_metadata_warning() -> None:
+    absl_log = logging.getLogger("absl")
+    if not any(isinstance(f, _DropItemMetadataWarning) for f in absl_log.filters):
+        absl_log.addFilter(_DropItemMetadataWarning())
 
 
 def _quiet_restore(restore: Callable[[], Any], where: str) -> Any:
@@ -366,11 +388,14 @@ class Checkpointer:
 
 
 def _find_state_dir(path: str) -> str:
-    """Accepts a model dir, its checkpoints dir, a step dir or a state dir; returns state dir."""
+    """Accepts a model dir, its checkpoints dir, a step dir, a state dir or a converted dir
+    (`python -m t5x_like.convert --to ours` output); returns the directory of the tree."""
     path = os.path.abspath(path)
     if os.path.isdir(os.path.join(path, CHECKPOINT_SUBDIR)):
         path = os.path.join(path, CHECKPOINT_SUBDIR)
     steps = [d for d in os.listdir(path) if d.isdigit()] if os.path.isdir(path) else []
+    if not steps and os.path.isdir(os.path.join(path, CONVERTED_PARAMS_SUBDIR)):
+        return os.path.join(path, CONVERTED_PARAMS_SUBDIR)
     if steps:
         path = os.path.join(path, max(steps, key=int))
     if os.path.isdir(os.path.join(path, "state")):
@@ -396,6 +421,7 @@ def load_params(path: str, abstract_params: Any) -> Any:
         )
     state_dir = _find_state_dir(path)
     checkpointer = ocp.PyTreeCheckpointer()
+    _quiet_item_metadata_warning()
     try:
         meta = _metadata_tree(checkpointer.metadata(state_dir))
     except Exception as err:  # noqa: BLE001 - orbax raises many types for a broken dir

@@ -49,7 +49,7 @@ def subprocess_env(devices: int, compile_cache: str | None = None) -> dict[str, 
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # t5x_like's own default (t5x_like/tf_setup.py)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if compile_cache:
         env["JAX_COMPILATION_CACHE_DIR"] = compile_cache

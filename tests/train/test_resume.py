@@ -65,6 +65,7 @@ def reference(tmp_path_factory, compile_cache) -> Path:
     out = run_train(model_dir, *COMMON, "train.num_train_steps = 6", "train.checkpoint_every = 2",
                     compile_cache=compile_cache)
     assert out.returncode == 0, out.stderr[-3000:]
+    model_dir.with_suffix(".stderr").write_text(out.stderr)
     return model_dir
 
 
@@ -76,6 +77,13 @@ def test_uninterrupted_run_writes_model_dir(reference: Path) -> None:
     assert "train.batch_size = 8" in config and "TransformerConfig.emb_dim = 32" in config
     assert any(p.name.startswith("events.out.tfevents") for p in reference.iterdir())
     assert (reference / "data_state" / "6" / "process_0").exists()
+
+
+def test_a_healthy_run_prints_nothing_to_stderr(reference: Path) -> None:
+    # No TensorFlow start-up lines (absl banner, "Could not find cuda drivers", cuInit), no
+    # "did not fully read the dataset being cached" (the run stops inside an epoch), no orbax
+    # metadata warnings: a user reads any of them as a failure.
+    assert reference.with_suffix(".stderr").read_text() == ""
 
 
 def test_sigkill_then_resume_matches_uninterrupted_run(reference, tmp_path, compile_cache) -> None:
