@@ -22,7 +22,10 @@ For `--from hf` gin bindings override non-structural fields (dtype, scan_layers,
 
 Outputs (`--output`):
 - `ours`: `OUT/params` (orbax PyTree of the parameter tree, what `train.init_params_path`
-  loads) + `OUT/config.gin` (the model's bindings and `train.init_params_path`); with an
+  loads) + `OUT/config.gin` (the model's bindings, `train.init_params_path` and, when the HF
+  input has a `spiece.model`, `train.vocabulary` = its copy `OUT/spiece.model`). `OUT` is
+  usable as is: `python -m t5x_like.infer --checkpoint=OUT`, `python -m t5x_like.evaluate
+  --checkpoint=OUT`, or `--gin_file=OUT/config.gin` to fine-tune from it; with an
   `.npz` / `.msgpack` OUT the params go to that file and the bindings to `OUT` minus the
   suffix + `.gin`;
 - `t5x`: the T5X tree as an orbax PyTree directory, `.npz` or `.msgpack` (`--t5x_scan_layers`
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +50,10 @@ from t5x_like.models import interop
 from t5x_like.models import param_tree as pt
 from t5x_like.models.config import TransformerConfig
 from t5x_like.models.interop import ConversionError
+from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR
+
+#: The SentencePiece model an HF T5 checkpoint ships; `--to ours` copies it beside the params.
+HF_SENTENCEPIECE = "spiece.model"
 
 
 def read_tree(path: str) -> Any:
@@ -110,17 +118,30 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> dict[str, Any]:
     return bound
 
 
-def gin_text(config: TransformerConfig, params_path: str | None, source: str) -> str:
-    """Gin bindings reproducing `config` (every field) and pointing the trainer at the params."""
+def gin_text(config: TransformerConfig, params_path: str | None, source: str,
+             vocabulary: str | None = None) -> str:
+    """Gin bindings reproducing `config` (every field), pointing the trainer at the params and,
+    when known, at the checkpoint's own SentencePiece vocabulary."""
     lines = [f"# Converted by `python -m t5x_like.convert` from {source}.",
              "# Fine-tune: python -m t5x_like.train --gin_file=<run>.gin --gin_file=<this file>",
+             "# Decode: python -m t5x_like.infer --checkpoint=<this dir> ...",
              "import t5x_like.models", ""]
     for field in dataclasses.fields(config):
         lines.append(f"TransformerConfig.{field.name} = {getattr(config, field.name)!r}")
     lines.append("make_model.config = @TransformerConfig()")
+    lines.append("train.model = @make_model()")
     if params_path is not None:
         lines.append(f"train.init_params_path = {os.path.abspath(params_path)!r}")
+    if vocabulary is not None:
+        lines.append(f"train.vocabulary = {os.path.abspath(vocabulary)!r}")
     return "\n".join(lines) + "\n"
+
+
+def hf_vocabulary(source: str) -> str | None:
+    """The SentencePiece model (`spiece.model`, as T5 checkpoints ship it) beside an HF input."""
+    folder = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
+    path = os.path.join(folder, HF_SENTENCEPIECE)
+    return path if os.path.isfile(path) else None
 
 
 def write_tree(tree: dict[str, Any], path: str) -> str:
@@ -168,10 +189,14 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
             params_path, gin_path = out, os.path.splitext(out)[0] + ".gin"
         else:
             os.makedirs(out, exist_ok=True)
-            params_path, gin_path = os.path.join(out, "params"), os.path.join(out, "config.gin")
+            params_path = os.path.join(out, CONVERTED_PARAMS_SUBDIR)
+            gin_path = os.path.join(out, "config.gin")
         write_tree(params, params_path)
+        vocabulary = hf_vocabulary(args.input) if args.source == "hf" else None
+        if vocabulary is not None and not out.endswith((".npz", ".msgpack")):
+            vocabulary = shutil.copy(vocabulary, os.path.join(out, HF_SENTENCEPIECE))
         with open(gin_path, "w", encoding="utf-8") as f:
-            f.write(gin_text(config, params_path, f"{args.source}:{args.input}"))
+            f.write(gin_text(config, params_path, f"{args.source}:{args.input}", vocabulary))
         out = f"{params_path} + {gin_path}"
     n = sum(int(np.prod(v.shape)) for v in pt.flatten(params).values())
     return (f"converted {args.source}:{args.input} -> {args.target}:{out} "

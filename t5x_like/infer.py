@@ -64,7 +64,7 @@ class Predictor:
     mesh: jax.sharding.Mesh
     rules: P.LogicalRules
     model_dir: str
-    step: int
+    step: int | None                # None: converted params (`t5x_like.convert --to ours`)
 
     @property
     def family(self) -> str:
@@ -87,6 +87,8 @@ class Predictor:
 
 
 _MODELS: dict[Any, Any] = {}  # TransformerConfig -> BaseModel
+#: Truncation lengths when a config binds no `train.sequence_length` (converted checkpoints).
+DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 
 
 # Loading ---------------------------------------------------------------------------------------
@@ -99,8 +101,9 @@ def checkpoint_steps(model_dir: str) -> list[int]:
                   if n.isdigit() and os.path.isdir(os.path.join(root, n, "state")))
 
 
-def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[str, int]:
-    """(model dir, step) for a model dir (latest or `step`) or a `checkpoints/<step>` dir."""
+def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[str, int | None]:
+    """(model dir, step) for a model dir (latest or `step`) or a `checkpoints/<step>` dir;
+    (dir, None) for converted params (`python -m t5x_like.convert --to ours` output)."""
     path = os.path.abspath(os.path.expanduser(checkpoint)).rstrip(os.sep)
     if not os.path.isdir(path):
         raise InferenceError(f"checkpoint directory not found: {checkpoint}")
@@ -115,6 +118,11 @@ def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[str, i
         raise InferenceError(f"{model_dir} has no config.gin: not a t5x_like model dir "
                              "(expected the output dir of `python -m t5x_like.train`)")
     steps = checkpoint_steps(model_dir)
+    if not steps and os.path.isdir(os.path.join(model_dir, C.CONVERTED_PARAMS_SUBDIR)):
+        if step is not None:
+            raise InferenceError(f"{model_dir} holds converted params (no training steps): "
+                                 "drop --step")
+        return model_dir, None
     if not steps:
         raise InferenceError(f"{model_dir} has no complete checkpoint under "
                              f"{C.CHECKPOINT_SUBDIR}/")
@@ -156,7 +164,8 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
         raise cli.ConfigError(f"{model_dir}/config.gin binds no train.model")
     # One model object per config: jitted decode/score functions are cached per model object.
     model = _MODELS.setdefault(bindings["model"].config, bindings["model"])
-    sequence_length = {k: int(v) for k, v in dict(bindings["sequence_length"]).items()}
+    lengths = bindings.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)  # unbound: converted
+    sequence_length = {k: int(v) for k, v in dict(lengths).items()}
     vocab_name = bindings.get("vocabulary", "c4_32k")
     shape = mesh_shape if mesh_shape is not None else bindings.get("mesh_shape")
     mesh = P.create_mesh(shape) if shape is not None else P.create_mesh()
@@ -171,7 +180,9 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             nn.unbox(boxed), shardings)
     try:
-        params = C.load_params(os.path.join(model_dir, C.CHECKPOINT_SUBDIR, str(step)), abstract)
+        where = (os.path.join(model_dir, C.CONVERTED_PARAMS_SUBDIR) if step is None
+                 else os.path.join(model_dir, C.CHECKPOINT_SUBDIR, str(step)))
+        params = C.load_params(where, abstract)
     except C.CheckpointUnreadableError as err:
         others = [s for s in checkpoint_steps(model_dir) if s != step]
         hint = (f"other checkpoints: steps {others} (pass --step=N)" if others
@@ -570,7 +581,8 @@ def main(argv: Sequence[str]) -> int:
         for p in preds:
             row = {"inputs": p.pop("input"), **p}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"[t5x_like.infer] {len(preds)} predictions (step {predictor.step}) -> "
+    what = "converted params" if predictor.step is None else f"step {predictor.step}"
+    print(f"[t5x_like.infer] {len(preds)} predictions ({what}) -> "
           f"{args.output_file} in {time.perf_counter() - start:.1f}s", flush=True)
     return 0
 
