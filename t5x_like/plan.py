@@ -491,6 +491,16 @@ def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
     return None
 
 
+def recommend_flags(found: Mapping[str, Any]) -> list[str]:
+    """Command-line flags (for ``python -m t5x_like.train``, ``plan``, ``aot``) that reproduce a
+    ``recommend`` result after the model and run gin files."""
+    flags = [f"--gin_file=gin/sharding/{found['sharding']}.gin",
+             f"--gin.TransformerConfig.remat_policy=\"'{found['remat']}'\""]
+    if found["num_microbatches"] > 1:
+        flags.append(f"--gin.train.num_microbatches={found['num_microbatches']}")
+    return flags
+
+
 def format_plan(result: Mapping[str, Any]) -> str:
     """A human-readable table of ``plan``'s result."""
     b = result["bytes_per_device"]
@@ -546,6 +556,14 @@ def _parse_lengths(text: str) -> dict[str, int]:
             from err
 
 
+def _fit_advice(fix: Mapping[str, Any] | None) -> str:
+    if fix is None:
+        return ("nothing fits on these devices, even with fsdp_tp, full remat and microbatches: "
+                "add devices or lower train.batch_size")
+    return (f"fits with {fix['sharding']}, remat={fix['remat']}, {fix['num_microbatches']} "
+            f"microbatch(es) ({fix['total_bytes'] / GIB:.2f} GiB): " + " ".join(fix["gin_flags"]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m t5x_like.plan``; returns the exit status."""
     from t5x_like.train import cli
@@ -593,8 +611,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                sequence_length=lengths, device_memory_gb=args.device_memory_gb,
                                optimizer=optimizer, devices_per_host=args.devices_per_host)
             if result is None:
-                print("nothing fits", file=sys.stderr)
+                print(f"nothing fits {args.device_memory_gb:g} GiB on {args.num_devices} "
+                      f"devices at batch {batch}, even with fsdp_tp, full remat and "
+                      "microbatches: add devices or lower train.batch_size", file=sys.stderr)
                 return 1
+            result["gin_flags"] = recommend_flags(result)
         else:
             n = args.num_devices
             if args.mesh:
@@ -611,11 +632,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                           or gin_value("train.num_microbatches", 1),
                           num_devices=n, device_memory_gb=args.device_memory_gb,
                           compiler=args.compiler)
+            if result["fits"] is False:  # name the cheapest change that would fit
+                found = recommend(config, num_devices=result["num_devices"], batch_size=batch,
+                                  sequence_length=lengths, device_memory_gb=args.device_memory_gb,
+                                  optimizer=optimizer, devices_per_host=args.devices_per_host)
+                result["fits_with"] = None if found is None else {
+                    "sharding": found["sharding"], "remat": found["remat"],
+                    "num_microbatches": found["num_microbatches"],
+                    "total_bytes": found["total_bytes"], "gin_flags": recommend_flags(found)}
     except (ValueError, cli.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1) if args.json else format_plan(result))
-    return 0
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(format_plan(result))
+        if "gin_flags" in result:
+            print("\nreproduce with: " + " ".join(result["gin_flags"]))
+        if result.get("fits") is False:
+            print("\n" + _fit_advice(result.get("fits_with")))
+    return 0 if result.get("fits") is not False else 1
 
 
 if __name__ == "__main__":

@@ -200,3 +200,21 @@ def test_sharding_presets_exist_with_their_rules() -> None:
         assert f"logical_axis_rules.preset = '{preset}'" in text
         assert PL.preset_mesh(name, 64)[1] == preset
     assert PL.preset_mesh("fsdp_tp", 64) == ((1, 8, 8), "tensor_parallel_2d")
+
+
+def test_cli_names_the_flags_that_fit_and_they_do(capsys) -> None:
+    base = ["--gin_file=gin/models/t5_1_1_base.gin", "--gin_file=gin/runs/pretrain.gin",
+            "--num_devices=8", "--device_memory_gb=4"]
+    assert PL.main([*base, "--mesh=-1,1,1"]) == 1  # data parallel, no remat: ~10 GiB per device
+    advice = capsys.readouterr().out.strip().splitlines()[-1]
+    assert advice.startswith("fits with data_parallel, remat=full")
+    flags = advice.split("): ", 1)[1].split()
+    assert PL.main([*base, "--recommend"]) == 0
+    reproduce = capsys.readouterr().out.strip().splitlines()[-1]
+    assert reproduce == "reproduce with: " + " ".join(flags)
+    # The named flags, applied, fit (exit 0) with the plan they promised.
+    assert PL.main([*base, *(f.replace('"', "") for f in flags), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["remat"] == "full" and out["preset"] == "data_parallel"
+    assert PL.main([*base[:3], "--device_memory_gb=0.01", "--recommend"]) == 1
+    assert "nothing fits 0.01 GiB on 8 devices at batch 128" in capsys.readouterr().err

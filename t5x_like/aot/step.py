@@ -455,10 +455,7 @@ def suggest_fit(run: Run, target: Target, planner_over_compiler: float | None = 
                          headroom=headroom)
     if found is None:
         return None
-    bindings = [f"--gin_file=gin/sharding/{found['sharding']}.gin",
-                f"--gin.TransformerConfig.remat_policy=\"'{found['remat']}'\""]
-    if found["num_microbatches"] > 1:
-        bindings.append(f"--gin.train.num_microbatches={found['num_microbatches']}")
+    bindings = PL.recommend_flags(found)
     return {"sharding": found["sharding"], "remat": found["remat"],
             "num_microbatches": found["num_microbatches"],
             "per_device_batch": found["per_device_batch"],
