@@ -114,8 +114,9 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
               restore_dir: str | None, init_params_path: str | None) -> None:
     """Checks that need no compute, so a bad run fails in seconds with one message.
 
-    Counts are positive; an evaluation-only run (0 steps) has a checkpoint to evaluate; the task
-    exists and its data is prepared; the vocabulary loads and fits the model's embedding.
+    Counts are positive; the model dir can be written (nothing is created to find out); an
+    evaluation-only run (0 steps) has a checkpoint to evaluate; the task exists and its data is
+    prepared; the vocabulary loads and fits the model's embedding.
     Raises InvalidRunError, VocabularyError or FileNotFoundError (all: exit 2 in the CLI).
     """
     if num_train_steps < 0:
@@ -123,6 +124,7 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
                               "evaluate a trained checkpoint only)")
     if batch_size < 1:
         raise InvalidRunError(f"train.batch_size={batch_size} must be >= 1")
+    _check_writable(model_dir)
     if num_train_steps == 0 and not (_has_checkpoint(model_dir) or restore_dir
                                      or init_params_path):
         raise InvalidRunError(
@@ -149,6 +151,22 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
             f"{model_size - 1} would read garbage. Use a vocabulary that fits (the tiny presets "
             "are for 'c4like_8k') or set TransformerConfig.vocab_size >= "
             f"{-(-size // 128) * 128}.")
+
+
+def _check_writable(model_dir: str) -> None:
+    """The local ``model_dir``, or its nearest existing ancestor, is a writable directory."""
+    if "://" in model_dir:  # gs://, s3://: the storage client reports its own permissions
+        return
+    existing = os.path.abspath(model_dir)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    where = "" if existing == os.path.abspath(model_dir) else f" (its ancestor {existing})"
+    if not os.path.isdir(existing):
+        raise InvalidRunError(f"train.model_dir={model_dir!r}: {existing} is a file, not a "
+                              "directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InvalidRunError(f"train.model_dir={model_dir!r}{where} is not writable: choose "
+                              "another --model_dir")
 
 
 def _scalars(tree: Mapping[str, Any]) -> dict[str, float]:
@@ -187,6 +205,7 @@ def train(
     checkpoint_data_iterator: bool = True,
     tensorboard: bool = True,
     synchronous_metrics: bool = False,
+    signal_check_every: int = 10,
 ) -> dict[str, float]:
     """Train ``model`` on ``task``; returns the last logged train metrics.
 
@@ -210,6 +229,9 @@ def train(
       synchronous_metrics: read every step's metrics before dispatching the next (a host
         round-trip per step; for debugging). The default reads them one step late; the logged
         values, checkpoints and final state are the same either way.
+      signal_check_every: with several processes, how often (steps) they agree on whether one
+        of them got SIGTERM / Ctrl-C (an all-gather that waits for the step in flight), besides
+        every step that saves, evaluates or ends the run. One process checks every step (free).
     """
     required = [k for k, v in dict(locals()).items() if v is gin.REQUIRED]
     if required:
@@ -366,11 +388,14 @@ def train(
             if pending is not None:
                 report(*pending)
             state, pending = new_state, (done, metrics)
-            signalled = flag.any_process()
             eval_due = eval_data is not None and (done % eval_every == 0
                                                   or done == num_train_steps)
-            if not (synchronous_metrics or signalled or eval_due or done == num_train_steps
-                    or checkpointer.should_save(done)):
+            must_read = (synchronous_metrics or eval_due or done == num_train_steps
+                         or checkpointer.should_save(done))
+            # The same steps on every process: agreeing is a collective.
+            signalled = (flag.any_process() if must_read or jax.process_count() == 1
+                         or done % max(signal_check_every, 1) == 0 else False)
+            if not (must_read or signalled):
                 continue
             report(*pending)
             pending = None
@@ -380,7 +405,8 @@ def train(
             if signalled:
                 save(done, force=True)
                 checkpointer.wait()
-                writer.console(f"[t5x_like.train] {flag.name}: saved step {done}; exiting")
+                why = flag.name or "signal to another process"
+                writer.console(f"[t5x_like.train] {why}: saved step {done}; exiting")
                 raise Preempted(done)
         save(num_train_steps, force=True)
         checkpointer.wait()

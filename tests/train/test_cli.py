@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gin
 import pytest
@@ -140,6 +141,41 @@ def test_bad_run_settings_fail_before_compute(tmp_path, capsys, bindings, expect
     assert expected in err
     assert "Traceback" not in err
     assert not (tmp_path / "m").exists()  # nothing was written
+
+
+def test_model_dir_below_a_file_fails_before_compute(tmp_path, capsys) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={blocker / 'run'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{blocker} is a file, not a directory" in err and "Traceback" not in err
+    assert blocker.read_text() == "not a directory"
+
+
+def _read_only_directory(tmp_path: Path) -> Path | None:
+    """A directory this process cannot write: chmod 0555 (not for root, who writes anywhere), else
+    a read-only mount from /proc/mounts, else None."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "read_only"
+        ro.mkdir(mode=0o555)
+        return ro
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and "ro" in fields[3].split(",") and os.path.isdir(fields[1]):
+            return Path(fields[1])
+    return None
+
+
+def test_read_only_model_dir_fails_before_compute(tmp_path, capsys) -> None:
+    read_only = _read_only_directory(tmp_path)
+    if read_only is None:
+        pytest.skip("running as root and no read-only mount to try: root writes anywhere")
+    before = sorted(os.listdir(read_only))
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={read_only / 'run' / 'a'}"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"(its ancestor {read_only}) is not writable" in err and "Traceback" not in err
+    assert sorted(os.listdir(read_only)) == before
 
 
 def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,6 +58,47 @@ def test_two_processes_agree_on_loss_and_write_one_checkpoint(tmp_path, compile_
     assert steps == ["3"]
     assert (model_dir / "data_state" / "3" / "process_0").exists()
     assert (model_dir / "data_state" / "3" / "process_1").exists()
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_agreed_step(tmp_path,
+                                                                  compile_cache) -> None:
+    """Processes agree on a signal every `train.signal_check_every` steps (not every step: the
+    all-gather would wait for the step in flight), so both save the same step and exit 0."""
+    port = _free_port()
+    model_dir = tmp_path / "sig"
+    procs = []
+    for pid in range(2):
+        cmd = train_cmd(
+            model_dir,
+            "train.sequence_length = {'inputs': 32, 'targets': 8}", "train.batch_size = 8",
+            "train.num_train_steps = 100000", "train.checkpoint_every = 100000",
+            "train.log_every = 1", "train.eval_every = 0", "train.signal_check_every = 4",
+            "create_mesh.mesh_shape = (2, 4, 1)", gin_files=("gin/runs/quickstart.gin",),
+        ) + [f"--coordinator_address=localhost:{port}", "--num_processes=2",
+             f"--process_id={pid}"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(4, compile_cache),
+                                      text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    metrics = model_dir / "metrics.jsonl"
+    try:
+        deadline = time.time() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.time() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)  # process 0 is not signalled
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    saved = sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir()
+                   if p.name.isdigit())
+    assert len(saved) == 1 and saved[0] % 4 == 0 and saved[0] >= 4, saved
+    assert f"signal to another process: saved step {saved[0]}; exiting" in outs[0]
+    for pid in range(2):
+        assert (model_dir / "data_state" / str(saved[0]) / f"process_{pid}").exists()
 
 
 def test_fsdp_tp_preset_through_the_manual_launcher(tmp_path, compile_cache) -> None:
