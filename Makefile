@@ -39,8 +39,11 @@ pretrain: $(VENV)/.runtime-installed
 lint: $(VENV)/.test-installed
 	$(PY) -m ruff check t5x_like scripts tests notebooks
 
+# One pytest worker per core (at most 4; TEST_WORKERS=0 runs in-process), each taking whole test
+# files so module/session fixtures (a trained tiny model, compiled steps) are built once per worker.
+TEST_WORKERS ?= auto
 test: $(VENV)/.test-installed lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile $(PYTEST_ARGS)
 
 # Compiles every flash-attention kernel for sm_80 and sm_90 with the real GPU compiler (no GPU):
 # fails when one stops compiling, spills registers or loses its pipelined loads.
