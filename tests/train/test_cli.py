@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +194,66 @@ def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> N
     gin.clear_config()  # the saved config parses, naming the run's directory
     cli.parse_gin([str(tmp_path / rel / "config.gin")], [])
     assert gin.query_parameter("train.model_dir") == str(tmp_path / rel)
+
+
+# The README's "bad inputs" table, checked against the CLI: each row's flags are run and every
+# literal piece of its backticked messages (split at `...`, `DIR`, `N` and `<...>` placeholders) must
+# be in what the user sees. Rows about corrupt checkpoints need a trained run; their messages are
+# asserted by tests/train/test_corrupt_checkpoints.py, so here they must appear in that file.
+_TABLE_ROWS = {
+    "`--gin.train.batchsize=8`": [["--gin.train.batchsize=8"], ["--gin.trian.task='x'"]],
+    "`--gin.train.task=c4like_prefix_lm`": [["--gin.train.task=c4like_prefix_lm"]],
+    "a missing gin file": [["--gin_file=gin/runs/nope.gin"],
+                           ["--gin_file=gin/runs/finetune.gin"]],
+    "`train.num_train_steps=-5`": [["--gin.train.num_train_steps=-5"],
+                                   ["--gin.train.batch_size=0"], ["--gin.train.batch_size=12"]],
+    "`gin/runs/eval.gin`": [["--gin_file=gin/runs/eval.gin"]],
+    "an unknown task": [["--gin.train.task='c4like_span_corruptoin'"]],
+    "a model dir that cannot be written": ["read_only", "below_a_file"],
+    "a vocabulary larger than the embedding": [["--gin_file=gin/models/tiny.gin",
+                                                "--gin_file=gin/runs/pretrain.gin",
+                                                "--gin.train.task='c4like_span_corruption'"]],
+}
+_CHECKPOINT_ROWS = ("the newest checkpoint unreadable", "`train.restore_step=N`")
+
+
+def _bad_inputs_table() -> list[tuple[str, list[str]]]:
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = lines.index("| input | what you see |") + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        what, seen = line.strip("|").split(" | ", 1)
+        pieces = [p.strip() for span in seen.split("`")[1::2]
+                  for p in re.split(r"\.\.\.|\bDIR\b|\bN\b|<[^>]+>", span)]
+        rows.append((what.strip(), [p for p in pieces if len(p) > 1]))
+    return rows
+
+
+def test_readme_bad_inputs_table_matches_the_cli(tmp_path, capsys) -> None:
+    rows = _bad_inputs_table()
+    assert len(rows) == len(_TABLE_ROWS) + len(_CHECKPOINT_ROWS)
+    corrupt_tests = (REPO / "tests/train/test_corrupt_checkpoints.py").read_text()
+    for i, (what, pieces) in enumerate(rows):
+        if what.startswith(_CHECKPOINT_ROWS):
+            assert all(p in corrupt_tests for p in pieces), (what, pieces)
+            continue
+        [runs] = [r for key, r in _TABLE_ROWS.items() if what.startswith(key)]
+        seen = ""
+        for j, run in enumerate(runs):
+            model_dir = tmp_path / f"m{i}_{j}"
+            if run == "read_only":
+                read_only = _read_only_directory(tmp_path)
+                if read_only is None:
+                    pytest.skip("running as root and no read-only mount to try")
+                model_dir, run = read_only / "run", []
+            elif run == "below_a_file":
+                (tmp_path / "a_file").write_text("")
+                model_dir, run = tmp_path / "a_file" / "run", []
+            gin.clear_config()
+            assert cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={model_dir}",
+                             *run]) == 2, (what, run)
+            seen += capsys.readouterr().err
+        missing = [p for p in pieces if p not in seen]
+        assert not missing, f"README row {what!r}: {missing} not in:\n{seen}"
