@@ -1,177 +1,336 @@
-"""Data-pipeline benchmark: span corruption and prefix LM on the c4like corpus, c4_32k vocabulary.
+"""Data-pipeline benchmark: ours against T5's own preprocessors, side by side in one run.
 
-For each (pipeline, lengths, threads): `t5x_like.data.get_dataset(...)` packed, batch 128,
-shuffled, repeating, tf.data private thread pool of 1 or 2 threads; after a warm-up (pipeline
-build, shuffle buffer fill), time `--batches` batches in `--repeats` windows and report the
-median rate: packed sequences/s (what the model consumes), unpacked examples/s (segments),
-non-pad tokens/s and packing efficiency (non-pad fraction) per feature. Writes
-benchmarks/data.json and benchmarks/data.md naming the machine, its load and the versions.
+Both pipelines read the same c4like TFRecords with the same C4 32k SentencePiece model (+100
+extra ids), unshuffled, with the same task feature lengths. The reference is a seqio Task built
+from `t5.data.preprocessors` (`t5==0.9.4` in its own virtualenv, never a project dependency):
+rekey -> tokenize -> <T5's objective> -> append_eos_after_trim. Ours is the registered
+`c4like_<objective>` task. Each measurement runs in a fresh process (tf.data private pool of N
+threads), in interleaved rounds (ours, reference, reference, ours, ...); the report gives each
+side's median and the median of the per-round ratios with their range. Two regimes:
+'tokenizing' times the first epoch (SentencePiece on every document: what a corpus too large to
+keep, like C4, costs throughout); 'cached' times the second epoch with the tokenized documents
+held in memory (both sides cache right after tokenizing). A third table gives our packing
+efficiency per model family. Writes benchmarks/data.json and benchmarks/data.md.
 
-    python scripts/bench_data.py [--batches 24] [--repeats 3] [--quick]
+    python -m venv /tmp/t5ref && /tmp/t5ref/bin/pip install t5==0.9.4
+    python scripts/bench_data.py --reference_python /tmp/t5ref/bin/python \\
+        [--rounds 3] [--examples 3000] [--quick] [--lock /tmp/t5x_heavy.lock]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import functools
+import glob
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# name: (our task, T5 preprocessor chain built by `reference_preprocessors`, or None)
+OBJECTIVES = {
+    "span_corruption": ("c4like_span_corruption", "span_corruption"),
+    "iid_replace_spans": ("c4like_iid_replace_spans", "iid_denoising"),
+    "prefix_lm": ("c4like_prefix_lm", "prefix_lm"),
+    "bert_style": ("c4like_bert_style", "bert_style"),
+    "deshuffling": ("c4like_deshuffling", "deshuffling"),
+    "ul2_mixture": ("c4like_ul2_mixture", None),
+}
+# (objective, regime, threads) measured in each round; --quick keeps the first.
 CONFIGS = [
-    # (name, task, model family, task feature lengths)
-    ("span_corruption 512/114", "c4like_span_corruption", "encoder_decoder",
-     {"inputs": 512, "targets": 114}),
-    ("span_corruption 1024/229", "c4like_span_corruption", "encoder_decoder",
-     {"inputs": 1024, "targets": 229}),
-    ("prefix_lm 512/114", "c4like_prefix_lm", "prefix_lm", {"inputs": 512, "targets": 114}),
-    ("prefix_lm 1024/229", "c4like_prefix_lm", "prefix_lm", {"inputs": 1024, "targets": 229}),
+    ("span_corruption", "tokenizing", 2), ("span_corruption", "tokenizing", 1),
+    ("span_corruption", "cached", 2), ("span_corruption", "cached", 1),
+    ("iid_replace_spans", "tokenizing", 2), ("prefix_lm", "tokenizing", 2),
+    ("bert_style", "tokenizing", 2), ("deshuffling", "tokenizing", 2),
+    ("ul2_mixture", "tokenizing", 2),
 ]
-TOKEN_KEYS = {"encoder_decoder": ("encoder_input_tokens", "decoder_target_tokens"),
-              "prefix_lm": ("decoder_target_tokens",)}
-SEGMENT_KEY = {"encoder_decoder": "decoder_segment_ids", "prefix_lm": "decoder_segment_ids"}
+PACKED = [("span_corruption", "encoder_decoder"), ("prefix_lm", "prefix_lm"),
+          ("ul2_mixture", "encoder_decoder"), ("full_lm", "decoder_only")]
+WARMUP = 200
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+# ----------------------------------------------------------------------------- worker side
+def reference_preprocessors(kind: str) -> list:
+    """T5's own preprocessor chain for `kind` (T5's functions, as its tasks compose them)."""
+    import t5.data.preprocessors as tp
+
+    if kind in ("span_corruption", "iid_denoising", "prefix_lm"):
+        return [getattr(tp, kind)]
+    inputs_fn, density = {"bert_style": (tp.noise_token_to_random_token_or_sentinel, 0.15),
+                          "deshuffling": (tp.permute_noise_tokens, 1.0)}[kind]
+    return [  # the chain of T5's `iid_denoising`, with BERT's / deshuffling's transforms
+        functools.partial(tp.select_random_chunk, feature_key="targets", max_length=65536),
+        functools.partial(tp.reduce_concat_tokens, feature_key="targets", batch_size=128),
+        tp.split_tokens_to_inputs_length,
+        functools.partial(tp.denoise, noise_density=density, noise_mask_fn=tp.iid_noise_mask,
+                          inputs_fn=inputs_fn, targets_fn=None),
+    ]
 
 
-def epoch_batches(task: str, lengths: dict, batch_size: int) -> int:
-    """Upper bound on the batches in one epoch of the c4like train split (>= 1 example/row)."""
-    from t5x_like.data import corpus, tasks
-
-    stats = corpus.read_stats()["splits"]["train"]
-    chunk = tasks.task_objective(task).chunk_length(lengths)
-    examples = stats["c4_32k_tokens"] / chunk + stats["documents"]
-    return int(examples / batch_size) + 2
-
-
-def run_one(task: str, family: str, lengths: dict, threads: int, batch_size: int,
-            batches: int, repeats: int, warmup: int) -> dict:
+def reference_dataset(kind: str, lengths: dict, cached: bool, data: dict):
+    import seqio
     import tensorflow as tf
 
-    from t5x_like.data import get_dataset
+    vocab = seqio.SentencePieceVocabulary(data["spm"], extra_ids=100)
+    source = seqio.TFExampleDataSource({"train": data["pattern"]},
+                                       {"text": tf.io.FixedLenFeature([], tf.string)})
+    features = {"inputs": seqio.Feature(vocab, add_eos=True, required=False),
+                "targets": seqio.Feature(vocab, add_eos=True)}
+    keep = [lambda ds: ds.cache()] if cached else []
+    task = seqio.Task(f"reference_{kind}", source=source, output_features=features,
+                      preprocessors=[
+                          functools.partial(seqio.preprocessors.rekey,
+                                            key_map={"inputs": None, "targets": "text"}),
+                          seqio.preprocessors.tokenize, *keep,
+                          seqio.CacheDatasetPlaceholder(),
+                          *reference_preprocessors(kind),
+                          seqio.preprocessors.append_eos_after_trim,
+                      ], metric_fns=[])
+    return task.get_dataset(lengths, split="train", shuffle=False, seed=0, num_epochs=None)
 
-    t0 = time.perf_counter()
-    ds = get_dataset(task, split="train", sequence_length=lengths, batch_size=batch_size,
-                     model_family=family, vocabulary="c4_32k", seed=0)
+
+def measure(ds, threads: int, skip: int, examples: int, lengths: dict) -> dict:
+    """Examples/s and output tokens/s over `examples` examples after skipping `skip`."""
+    import tensorflow as tf
+
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads
     options.threading.max_intra_op_parallelism = 1
-    it = iter(ds.with_options(options))
-    for _ in range(warmup):
+    it = ds.with_options(options).as_numpy_iterator()
+    for _ in range(skip):
         next(it)
-    warm_s = time.perf_counter() - t0
-    # First epoch: SentencePiece runs on every document (c4like keeps the tokens afterwards).
+    tokens = full = 0
+    full_key = "inputs" if "inputs" in lengths else "targets"
     start = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    first_epoch_rate = batches * batch_size / (time.perf_counter() - start)
-    for _ in range(max(0, epoch_batches(task, lengths, batch_size) - warmup - batches)):
-        next(it)
-    rates, rows, segments = [], 0, 0
-    nonpad = dict.fromkeys(TOKEN_KEYS[family], 0)
-    widths = {k: int(v.shape[1]) for k, v in ds.element_spec.items()}
-    per = max(1, batches // repeats)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        window = [next(it) for _ in range(per)]
-        rates.append(per * batch_size / (time.perf_counter() - start))
-        for b in window:
-            seg = b[SEGMENT_KEY[family]].numpy()
-            rows += seg.shape[0]
-            segments += int(sum(len(set(r.tolist()) - {0}) for r in seg))
-            for k in nonpad:
-                nonpad[k] += int((b[k].numpy() != 0).sum())
-    rate = statistics.median(rates)
-    tokens_per_row = sum(nonpad.values()) / rows
-    return {
-        "threads": threads, "warmup_s": round(warm_s, 1),
-        "sequences_per_s": round(rate, 1),
-        "first_epoch_sequences_per_s": round(first_epoch_rate, 1),
-        "examples_per_s": round(rate * segments / rows, 1),
-        "tokens_per_s": round(rate * tokens_per_row),
-        "packing_efficiency": {k: round(v / (rows * widths[k]), 4)
-                               for k, v in nonpad.items()},
-        "examples_per_sequence": round(segments / rows, 3),
-        "rates": [round(r, 1) for r in rates],
-    }
+    for _ in range(examples):
+        ex = next(it)
+        tokens += sum(len(ex[k]) for k in ("inputs", "targets") if k in ex)
+        full += len(ex[full_key]) == lengths[full_key]
+    secs = time.perf_counter() - start
+    return {"examples_per_s": examples / secs, "tokens_per_s": tokens / secs,
+            "tokens_per_example": tokens / examples, "full": full / examples}
+
+
+def packing(objective: str, family: str, batches: int = 8) -> dict:
+    """Our non-pad fraction per feature of packed batches (batch 128, 512-token inputs)."""
+    import numpy as np
+
+    from t5x_like.data import get_dataset, objectives, tasks
+
+    lengths = objectives.default_sequence_length(tasks.task_objective(f"c4like_{objective}")
+                                                 or tasks.OBJECTIVES["span_corruption"], 512)
+    if family == "decoder_only":
+        lengths = {"targets": 512}
+    ds = get_dataset(f"c4like_{objective}", split="train", sequence_length=lengths,
+                     batch_size=128, model_family=family, vocabulary="c4_32k", seed=0)
+    keys = [k for k in ("encoder_input_tokens", "decoder_target_tokens")
+            if k in ds.element_spec]
+    nonpad = dict.fromkeys(keys, 0)
+    cells = dict.fromkeys(keys, 0)
+    for batch in ds.take(batches).as_numpy_iterator():
+        for k in keys:
+            nonpad[k] += int((batch[k] != 0).sum())
+            cells[k] += int(np.prod(batch[k].shape))
+    return {k: nonpad[k] / cells[k] for k in keys}
+
+
+def worker(spec: dict) -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if spec["side"] == "packing":
+        return {"efficiency": packing(spec["objective"], spec["family"])}
+    cached = spec["regime"] == "cached"
+    skip = spec["epoch_bound"] if cached else WARMUP
+    if spec["side"] == "reference":
+        ds = reference_dataset(OBJECTIVES[spec["objective"]][1], spec["lengths"], cached,
+                               spec["data"])
+    else:
+        from t5x_like import data
+
+        task = data.get_task(OBJECTIVES[spec["objective"]][0], "c4_32k")
+        ds = task.get_dataset(spec["lengths"], split="train", shuffle=False, seed=0,
+                              num_epochs=None)
+    return measure(ds, spec["threads"], skip, spec["examples"], spec["lengths"])
+
+
+# ----------------------------------------------------------------------------- driver side
+@contextlib.contextmanager
+def maybe_lock(path: str | None):
+    """Hold an exclusive flock on `path` (so no other heavy job runs while timing)."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_worker(python: str, spec: dict, lock: str | None) -> dict:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    if spec["side"] == "reference":
+        env["PYTHONPATH"] = ""  # the reference venv must not import this checkout
+    with maybe_lock(lock):
+        done = subprocess.run([python, __file__, "--worker", json.dumps(spec)], env=env,
+                              capture_output=True, text=True, cwd=str(ROOT / "benchmarks"))
+    if done.returncode != 0:
+        raise RuntimeError(f"{spec['side']} worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def lengths_for(objective: str) -> dict:
+    from t5x_like.data import objectives, tasks
+
+    return objectives.default_sequence_length(
+        tasks.task_objective(OBJECTIVES[objective][0]) or tasks.OBJECTIVES["span_corruption"],
+        512)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def summarize(rows: list[dict]) -> dict:
+    ours = [r["ours"]["tokens_per_s"] for r in rows]
+    out = {"ours_tokens_per_s": statistics.median(ours),
+           "ours_examples_per_s": statistics.median(r["ours"]["examples_per_s"] for r in rows),
+           "ours_tokens_per_example": rows[0]["ours"]["tokens_per_example"],
+           "ours_full": rows[0]["ours"]["full"], "rounds": len(rows)}
+    if rows[0].get("reference"):
+        ratios = [r["ours"]["tokens_per_s"] / r["reference"]["tokens_per_s"] for r in rows]
+        ref = rows[0]["reference"]
+        out.update(
+            reference_tokens_per_s=statistics.median(r["reference"]["tokens_per_s"]
+                                                     for r in rows),
+            reference_examples_per_s=statistics.median(r["reference"]["examples_per_s"]
+                                                       for r in rows),
+            reference_tokens_per_example=ref["tokens_per_example"], reference_full=ref["full"],
+            ratio_median=statistics.median(ratios), ratio_min=min(ratios),
+            ratio_max=max(ratios))
+    return out
 
 
 def write_markdown(report: dict, path: Path) -> None:
     m = report["machine"]
     lines = [
-        "# Data pipeline benchmark",
+        "# Data pipeline benchmark: ours vs T5's preprocessors",
         "",
-        f"`python scripts/bench_data.py` on {m['cpu']} ({m['cores']} cores visible), "
-        f"{report['date']}. Load average (1 min) before/after: {m['load_before']:.1f} / "
-        f"{m['load_after']:.1f} (the machine is shared, so rates are lower bounds). "
-        f"Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".",
+        f"`python scripts/bench_data.py --reference_python ...` on {m['cpu']} ({m['cores']} "
+        f"cores), {report['date']}; {report['rounds']} interleaved rounds of "
+        f"{report['examples']:,} examples per measurement, each in a fresh process holding "
+        f"`{report['lock']}` (no other heavy job meanwhile). Load average (1 min) before / "
+        f"after: {m['load_before']:.1f} / {m['load_after']:.1f}. Ours: "
+        + ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+        + f". Reference: t5 {report['reference_versions'].get('t5', '?')}, seqio "
+        f"{report['reference_versions'].get('seqio', '?')}, tensorflow "
+        f"{report['reference_versions'].get('tensorflow', '?')} in its own virtualenv.",
         "",
-        f"c4like corpus (train split), c4_32k vocabulary, packed, batch {report['batch_size']}, "
-        "shuffled, repeating; tf.data private thread pool of N threads. sequences/s = packed "
-        "rows the model consumes; examples/s = objective examples (segments) inside them; "
-        "tokens/s = non-pad tokens (inputs + targets); efficiency = non-pad fraction per "
-        "feature. Steady state (the columns other than 'first epoch') is measured after one "
-        "full epoch, when c4like's tokenized documents are held in memory and only chunking, "
-        "noise, packing and conversion run; 'first epoch' includes SentencePiece on every "
-        "document (what a corpus too large to keep, like TFDS C4, costs throughout). Median "
-        "of the timing windows.",
+        "Same c4like TFRecords, same c4_32k SentencePiece model + 100 extra ids, same task "
+        "lengths (`default_sequence_length(objective, 512)`), unshuffled. Output tokens = "
+        "inputs + targets (EOS included). ratio = ours ÷ reference output tokens/s, per round; "
+        "median [min-max]. full = fraction of examples whose inputs (targets for LM) fill the "
+        "length.",
         "",
-        "| pipeline | threads | sequences/s | first epoch seq/s | examples/s | tokens/s | "
-        "efficiency | warm-up s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| objective | regime | threads | ours tokens/s | reference tokens/s | ratio | "
+        "ours ex/s | ref ex/s | tokens/example ours / ref | full ours / ref |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
-        eff = ", ".join(f"{k.split('_')[0]} {v:.3f}" for k, v in r["packing_efficiency"].items())
-        lines.append(f"| {r['name']} | {r['threads']} | {r['sequences_per_s']:,.0f} | "
-                     f"{r['first_epoch_sequences_per_s']:,.0f} | "
-                     f"{r['examples_per_s']:,.0f} | {r['tokens_per_s']:,} | {eff} | "
-                     f"{r['warmup_s']} |")
-    lines += ["", "Targets: >= 1,000 span-corruption sequences/s at 512/114 on 2 cores, packing "
-              "efficiency >= 0.95.", ""]
-    lines += report.get("notes", [])
+        s = r["summary"]
+        if "reference_tokens_per_s" in s:
+            ref = (f"{s['reference_tokens_per_s']:,.0f}", f"**{s['ratio_median']:.2f}x** "
+                   f"[{s['ratio_min']:.2f}-{s['ratio_max']:.2f}]",
+                   f"{s['reference_examples_per_s']:,.0f}",
+                   f"{s['ours_tokens_per_example']:.0f} / {s['reference_tokens_per_example']:.0f}",
+                   f"{s['ours_full']:.3f} / {s['reference_full']:.3f}")
+        else:
+            ref = ("(no T5 equivalent)", "", "-", f"{s['ours_tokens_per_example']:.0f} / -",
+                   f"{s['ours_full']:.3f} / -")
+        lines.append(f"| {r['objective']} | {r['regime']} | {r['threads']} | "
+                     f"{s['ours_tokens_per_s']:,.0f} | {ref[0]} | {ref[1]} | "
+                     f"{s['ours_examples_per_s']:,.0f} | {ref[2]} | {ref[3]} | {ref[4]} |")
+    lines += ["", "Our packing efficiency (non-pad fraction of packed batches, batch 128, "
+              "512-token inputs, 8 batches):", "",
+              "| objective | model family | efficiency |", "|---|---|---|"]
+    for p in report["packing"]:
+        eff = ", ".join(f"{k.split('_')[0]} {v:.3f}" for k, v in p["efficiency"].items())
+        lines.append(f"| {p['objective']} | {p['family']} | {eff} |")
+    lines += [""] + report.get("notes", [])
     path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=24)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=4)
-    parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--quick", action="store_true", help="only span_corruption 512/114")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--reference_python", help="python of a venv with t5==0.9.4")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--examples", type=int, default=3000)
+    parser.add_argument("--quick", action="store_true", help="span corruption, tokenizing only")
+    parser.add_argument("--lock", default=None, help="flock this file around each measurement")
     parser.add_argument("--out", default=str(ROOT / "benchmarks"))
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    if not args.reference_python:
+        parser.error("--reference_python is required (a venv with `pip install t5==0.9.4`)")
+    import numpy as np
     import sentencepiece
     import seqio
     import tensorflow as tf
 
+    from t5x_like.data import assets, corpus
+
+    directory = corpus.corpus_dir()
+    data = {"pattern": str(directory / "train.tfrecord-*"),
+            "spm": str(assets.asset_path("c4_32k_spm"))}
+    if not glob.glob(data["pattern"]):
+        parser.error(f"c4like is not prepared under {directory}: run python -m "
+                     "t5x_like.data.prepare")
+    stats = corpus.read_stats()["splits"]["train"]
+    ref_versions = json.loads(subprocess.run(
+        [args.reference_python, "-c", "import json, t5, seqio, tensorflow as tf; print(json."
+         "dumps({'t5': t5.__version__, 'seqio': seqio.__version__, 'tensorflow': "
+         "tf.__version__}))"], capture_output=True, text=True, check=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}).stdout.strip().splitlines()[-1])
+    configs = CONFIGS[:1] if args.quick else CONFIGS
     load_before = os.getloadavg()[0]
-    results = []
-    for name, task, family, lengths in CONFIGS[:1] if args.quick else CONFIGS:
-        for threads in args.threads:
-            r = run_one(task, family, lengths, threads, args.batch_size, args.batches,
-                        args.repeats, args.warmup)
-            r.update(name=name, task=task, model_family=family, sequence_length=lengths)
-            print(json.dumps(r), flush=True)
-            results.append(r)
+    rows: dict[tuple, list] = {c: [] for c in configs}
+    for round_index in range(args.rounds):
+        for objective, regime, threads in configs:
+            lengths = lengths_for(objective)
+            chunk = sum(lengths.values())
+            spec = {"objective": objective, "regime": regime, "threads": threads,
+                    "lengths": lengths, "examples": args.examples, "data": data,
+                    "epoch_bound": int(stats["c4_32k_tokens"] / min(chunk, 512))
+                    + stats["documents"]}
+            sides = ["ours"] + (["reference"] if OBJECTIVES[objective][1] else [])
+            if round_index % 2:
+                sides.reverse()
+            row = {}
+            for side in sides:
+                python = args.reference_python if side == "reference" else sys.executable
+                row[side] = run_worker(python, {**spec, "side": side}, args.lock)
+            rows[(objective, regime, threads)].append(row)
+            print(json.dumps({"round": round_index, "objective": objective, "regime": regime,
+                              "threads": threads, **row}), flush=True)
+    packed = [] if args.quick else [
+        {"objective": o, "family": f,
+         **run_worker(sys.executable, {"side": "packing", "objective": o, "family": f},
+                      args.lock)} for o, f in PACKED]
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before,
@@ -179,8 +338,11 @@ def main() -> int:
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
                      "seqio": seqio.__version__, "sentencepiece": sentencepiece.__version__,
                      "numpy": np.__version__},
-        "batch_size": args.batch_size,
-        "results": results,
+        "reference_versions": ref_versions, "rounds": args.rounds, "examples": args.examples,
+        "lock": args.lock or "no lock",
+        "results": [{"objective": o, "regime": g, "threads": t, "rounds": r,
+                     "summary": summarize(r)} for (o, g, t), r in rows.items()],
+        "packing": packed,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

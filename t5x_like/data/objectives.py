@@ -10,10 +10,12 @@ every row of the paper's Tables 3-6 (and UL2's denoisers) is a gin binding, not 
     denoise.inputs_transform = 'noise_span_to_unique_sentinel'
     denoise.targets_transform = 'nonnoise_span_to_unique_sentinel'
 
-Pipeline per document (`{'targets': int32 [n]}` in, `{'inputs', 'targets'}` out):
-1. split the tokens into chunks of the raw length T (`Objective.raw_length`), the largest T for
-   which every chunk of length <= T fits `sequence_length` after the transforms, sentinels and
-   EOS: long documents become several examples, nothing is truncated, empty documents vanish;
+Pipeline (tokenized documents `{'targets': int32 [n]}` in, `{'inputs', 'targets'}` out):
+1. join groups of 128 consecutive documents (`split_into_chunks.documents_per_group`, as T5's
+   `reduce_concat_tokens`) and split them into chunks of the raw length T
+   (`Objective.raw_length`), the largest T for which every chunk of length <= T fits
+   `sequence_length` after the transforms, sentinels and EOS: examples are full, nothing is
+   truncated, every token lands in exactly one example;
 2. draw the noise mask for each chunk from a per-example seed (seqio's `map_over_dataset`
    seeds, so a Task seed makes everything reproducible);
 3. inputs = [paradigm token ids] + inputs_transform(chunk) + [EOS],
@@ -369,30 +371,44 @@ def span_corruption_lengths(
 
 
 # ----------------------------------------------------------------------------- preprocessors
+@gin.configurable(module="t5x_like.data", denylist=["dataset", "chunk_length", "key"])
 def split_into_chunks(
-    dataset: tf.data.Dataset, chunk_length: int, key: str = "targets"
+    dataset: tf.data.Dataset,
+    chunk_length: int,
+    key: str = "targets",
+    documents_per_group: int = 128,
 ) -> tf.data.Dataset:
-    """Split every document's `key` tokens into consecutive chunks of <= chunk_length.
+    """Concatenate groups of documents' `key` tokens and split them into chunks of chunk_length.
 
-    {key: int32 [n]} -> one example {key: int32 [<= chunk_length]} per chunk; n == 0 -> none.
+    {key: int32 [n]} documents -> {key: int32 [<= chunk_length]} examples. Every token lands in
+    exactly one chunk, in order. As in T5 (`reduce_concat_tokens` then `split_tokens`),
+    `documents_per_group` consecutive documents are joined first, so chunks run across
+    document boundaries and only the last chunk of a group is short; 1 chunks each document on
+    its own (every example then starts a document, 7% of them short on c4like at 512).
     """
+    if documents_per_group < 1:
+        raise ValueError(f"documents_per_group must be >= 1, got {documents_per_group}")
 
-    def to_rows(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        tokens = tf.cast(example[key], tf.int32)
+    def tokens_only(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return {key: tf.cast(example[key], tf.int32)}
+
+    def join(group: Mapping[str, tf.Tensor | tf.RaggedTensor]) -> dict[str, tf.Tensor]:
+        tokens = group[key]  # dense when every document has the same static length
+        if isinstance(tokens, tf.RaggedTensor):
+            return {key: tokens.flat_values}
+        return {key: tf.reshape(tokens, [-1])}
+
+    dataset = dataset.map(tokens_only)
+    if documents_per_group > 1:
+        dataset = dataset.ragged_batch(documents_per_group).map(join)
+
+    def to_chunks(example: Mapping[str, tf.Tensor]) -> dict[str, tf.RaggedTensor]:
+        tokens = example[key]
         size = tf.size(tokens)
-        rows = (size + chunk_length - 1) // chunk_length
-        padded = tf.pad(tokens, [[0, rows * chunk_length - size]])
-        lengths = tf.minimum(size - tf.range(rows) * chunk_length, chunk_length)
-        return {"chunk": tf.reshape(padded, [rows, chunk_length]), "length": lengths}
+        starts = tf.range(0, size, chunk_length)
+        return {key: tf.RaggedTensor.from_row_starts(tokens, starts)}
 
-    def trim(row: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return {key: row["chunk"][: row["length"]]}
-
-    return (
-        dataset.map(to_rows, num_parallel_calls=tf.data.AUTOTUNE)
-        .unbatch()
-        .map(trim, num_parallel_calls=tf.data.AUTOTUNE)
-    )
+    return dataset.map(to_chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
 
 def _apply_objective(

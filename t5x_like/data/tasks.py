@@ -43,7 +43,7 @@ import gin
 import seqio
 import tensorflow as tf
 
-from t5x_like.data import converters
+from t5x_like.data import converters, tokenize
 from t5x_like.data.objectives import Objective, apply_objective
 
 CORPORA = ("c4like", "c4")
@@ -225,9 +225,8 @@ def _build_task(name: str, spec: TaskSpec, vocabulary: str) -> seqio.Task:
     features = {"targets": seqio.Feature(vocab, add_eos=True)}
     if spec.objective is None:  # supervised: tokenize inputs/targets, keep them in memory
         features["inputs"] = seqio.Feature(vocab, add_eos=True)
-        tokenize = functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False)
         return seqio.Task(name, source=spec.source, output_features=features,
-                          preprocessors=[tokenize, _cache_in_memory,
+                          preprocessors=[tokenize.tokenize, _cache_in_memory,
                                          seqio.CacheDatasetPlaceholder(),
                                          seqio.preprocessors.append_eos_after_trim],
                           postprocess_fn=spec.postprocess_fn, metric_fns=list(spec.metric_fns))
@@ -238,7 +237,7 @@ def _build_task(name: str, spec: TaskSpec, vocabulary: str) -> seqio.Task:
     # so only the first epoch pays for SentencePiece. Everything random comes after it.
     precache = [
         functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
-        functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
+        tokenize.tokenize,
     ]
     if spec.source is None and spec.corpus in IN_MEMORY_CORPORA:
         precache.append(_cache_in_memory)

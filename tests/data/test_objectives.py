@@ -165,6 +165,26 @@ def test_every_objective_conserves_tokens_and_fits(name, documents, small_vocab)
             assert targets == chunk
 
 
+@pytest.mark.parametrize("per_group", [1, 3, 128])
+def test_documents_are_joined_then_chunked(per_group):
+    docs = [list(range(100 * i, 100 * i + n)) for i, n in enumerate([5, 0, 23, 7, 1, 40, 9])]
+    ds = tf.data.Dataset.from_generator(
+        lambda: ({"targets": np.asarray(d, np.int32), "other": 1} for d in docs),
+        output_signature={"targets": tf.TensorSpec([None], tf.int32),
+                          "other": tf.TensorSpec([], tf.int32)})
+    chunks = [ex["targets"].tolist()
+              for ex in O.split_into_chunks(ds, 10, documents_per_group=per_group)
+              .as_numpy_iterator()]
+    expected = []
+    for start in range(0, len(docs), per_group):
+        joined = sum(docs[start:start + per_group], [])
+        expected += [joined[i:i + 10] for i in range(0, len(joined), 10)]
+    assert chunks == expected  # every token once, in order; only a group's last chunk is short
+    assert sum(len(c) < 10 for c in chunks) == {1: 5, 3: 3, 128: 1}[per_group]
+    with pytest.raises(ValueError, match="documents_per_group"):
+        O.split_into_chunks(ds, 10, documents_per_group=0)
+
+
 def test_bert_style_80_10_10():
     tokens = np.random.default_rng(0).integers(3, 900, 40_000)
     mask = O.noise.iid_noise_mask(len(tokens), 0.15, tf.constant([3, 3])).numpy()

@@ -136,10 +136,9 @@ def test_tiny_corpus_gives_one_padded_batch_and_loses_nothing(tiny_task, small_v
             piece = tok[seg == s].tolist()
             assert piece[-1] == 1  # each example ends with EOS
             chunks.append(piece[:-1])
-    expected = []
-    for text in texts:
-        ids = small_vocab.encode(text)
-        expected += [ids[i:i + 31] for i in range(0, len(ids), 31)]
+    # The documents are joined in source order (objectives.split_into_chunks), then chunked.
+    ids = sum((small_vocab.encode(text) for text in texts), [])
+    expected = [ids[i:i + 31] for i in range(0, len(ids), 31)]
     assert sorted(chunks) == sorted(expected)
     assert (rows["decoder_segment_ids"][-1] == 0).all()  # padding rows are empty
     spans = list(tasks.get_dataset(names["span_corruption"], split="train", sequence_length=SMALL,
