@@ -8,6 +8,10 @@ and SeqIO load on first use):
     get_task(name) -> seqio.Task | seqio.Mixture
     get_dataset(task, *, split, sequence_length, batch_size, model_family, vocabulary="c4_32k",
                 pack=True, shuffle=True, seed=0, num_epochs=None, shard_id=0, num_shards=1)
+    make_task(name, *, corpus="c4like", objective=None) -> str
+    Objective(mask, noise_density, mean_noise_span_length, inputs_transform, targets_transform,
+              paradigm_token, raw_length)         # gin-configurable record of one objective
+    denoise(dataset, sequence_length, output_features, objective=None)  # seqio preprocessor
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ _LAZY = {
     "get_task": ("t5x_like.data.tasks", "get_task"),
     "get_dataset": ("t5x_like.data.tasks", "get_dataset"),
     "make_task": ("t5x_like.data.tasks", "make_task"),
+    "Objective": ("t5x_like.data.objectives", "Objective"),
+    "denoise": ("t5x_like.data.objectives", "denoise"),
     "span_corruption_lengths": ("t5x_like.data.objectives", "span_corruption_lengths"),
 }
 

@@ -120,7 +120,7 @@ def inspect_task(
     for doc_offset, tokens in enumerate(docs.take(64).as_numpy_iterator()):
         one = tf.data.Dataset.from_tensors({"targets": tf.constant(tokens, tf.int32)})
         with seqio.utils.map_seed_manager(seed + doc_offset):
-            examples = O.apply_objective(one, objective, lengths, features, keep_noise_mask=True)
+            examples = O.denoise(one, lengths, features, objective, keep_noise_mask=True)
         for k, ex in enumerate(examples.as_numpy_iterator()):
             chunk, mask = ex["chunk"].tolist(), ex["noise_mask"].tolist()
             inputs = ex["inputs"].tolist() if "inputs" in ex else None

@@ -4,11 +4,11 @@ An `Objective` names a mask kind (`noise.py`), an inputs transform and a targets
 `denoise` is the one seqio preprocessor that applies any of them to tokenized documents, so
 every row of the paper's Tables 3-6 (and UL2's denoisers) is a gin binding, not new code:
 
-    denoise.mask = 'random_spans'          # 'iid' | 'random_spans' | 'prefix' | 'full' | 'none'
-    denoise.noise_density = 0.15
-    denoise.mean_noise_span_length = 3.0
-    denoise.inputs_transform = 'noise_span_to_unique_sentinel'
-    denoise.targets_transform = 'nonnoise_span_to_unique_sentinel'
+    Objective.mask = 'random_spans'          # 'iid' | 'random_spans' | 'prefix' | 'full' | 'none'
+    Objective.noise_density = 0.15
+    Objective.mean_noise_span_length = 3.0
+    Objective.inputs_transform = 'noise_span_to_unique_sentinel'
+    Objective.targets_transform = 'nonnoise_span_to_unique_sentinel'
 
 Pipeline (tokenized documents `{'targets': int32 [n]}` in, `{'inputs', 'targets'}` out):
 1. join groups of 128 consecutive documents (`split_into_chunks.documents_per_group`, as T5's
@@ -38,7 +38,8 @@ import tensorflow as tf
 
 from t5x_like.data import noise
 
-Transform = Callable[[tf.Tensor, tf.Tensor, "VocabInfo", tf.Tensor], tf.Tensor]
+# (tokens int32 [T], noise_mask bool [T], vocab, seed int32 [2]) -> int32 [T'].
+TransformFn = Callable[[tf.Tensor, tf.Tensor, "VocabInfo", tf.Tensor], tf.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,7 @@ class VocabInfo:
 # ----------------------------------------------------------------------------- transforms
 # Each takes (tokens int32 [T], noise_mask bool [T], VocabInfo, seed int32 [2]) and returns
 # int32 [T'] (before EOS). Their lengths are affine in (T, noise tokens n, noise spans s,
-# trailing non-noise t ∈ {0, 1}); `_LENGTH_COEFFS` records (a, b, c, e) for a·T + b·n + c·s + e·t.
+# trailing non-noise t ∈ {0, 1}): `Transform.length` holds (a, b, c, e) for a·T + b·n + c·s + e·t.
 
 
 def _span_starts(mask: tf.Tensor) -> tf.Tensor:
@@ -174,44 +175,50 @@ def identity(
     return tokens
 
 
-TRANSFORMS: dict[str, Transform] = {
-    "noise_span_to_unique_sentinel": noise_span_to_unique_sentinel,
-    "nonnoise_span_to_unique_sentinel": nonnoise_span_to_unique_sentinel,
-    "noise_token_to_sentinel": noise_token_to_sentinel,
-    "noise_token_to_random_token_or_sentinel": noise_token_to_random_token_or_sentinel,
-    "drop_noise_tokens": drop_noise_tokens,
-    "drop_nonnoise_tokens": drop_nonnoise_tokens,
-    "permute_noise_tokens": permute_noise_tokens,
-    "identity": identity,
-}
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """One transform and what the length arithmetic and vocabulary check need to know of it.
 
-# Output length = a·T + b·n + c·s + e·trailing_nonnoise  (before paradigm tokens and EOS).
-_LENGTH_COEFFS: dict[str, tuple[int, int, int, int]] = {
-    "noise_span_to_unique_sentinel": (1, -1, 1, 0),
-    "nonnoise_span_to_unique_sentinel": (0, 1, 1, 1),
-    "noise_token_to_sentinel": (1, 0, 0, 0),
-    "noise_token_to_random_token_or_sentinel": (1, 0, 0, 0),
-    "drop_noise_tokens": (1, -1, 0, 0),
-    "drop_nonnoise_tokens": (0, 1, 0, 0),
-    "permute_noise_tokens": (1, 0, 0, 0),
-    "identity": (1, 0, 0, 0),
-}
-_USES_SENTINELS = {
-    "noise_span_to_unique_sentinel",
-    "nonnoise_span_to_unique_sentinel",
-    "noise_token_to_sentinel",
-    "noise_token_to_random_token_or_sentinel",
+    `length` = (a, b, c, e): the output has a·T + b·n + c·s + e·t tokens for a chunk of T tokens
+    with n noise tokens in s spans and t ∈ {0, 1} trailing non-noise (before prefix and EOS).
+    """
+
+    fn: TransformFn
+    length: tuple[int, int, int, int]
+    uses_sentinels: bool = False
+
+    def output_length(self, t: int, n: int, s: int, trailing: int) -> int:
+        a, b, c, e = self.length
+        return a * t + b * n + c * s + e * trailing
+
+
+TRANSFORMS: dict[str, Transform] = {
+    "noise_span_to_unique_sentinel": Transform(noise_span_to_unique_sentinel, (1, -1, 1, 0), True),
+    "nonnoise_span_to_unique_sentinel": Transform(
+        nonnoise_span_to_unique_sentinel, (0, 1, 1, 1), True
+    ),
+    "noise_token_to_sentinel": Transform(noise_token_to_sentinel, (1, 0, 0, 0), True),
+    "noise_token_to_random_token_or_sentinel": Transform(
+        noise_token_to_random_token_or_sentinel, (1, 0, 0, 0), True
+    ),
+    "drop_noise_tokens": Transform(drop_noise_tokens, (1, -1, 0, 0)),
+    "drop_nonnoise_tokens": Transform(drop_nonnoise_tokens, (0, 1, 0, 0)),
+    "permute_noise_tokens": Transform(permute_noise_tokens, (1, 0, 0, 0)),
+    "identity": Transform(identity, (1, 0, 0, 0)),
 }
 
 
 # ----------------------------------------------------------------------------- objective
+@gin.configurable(module="t5x_like.data")
 @dataclasses.dataclass(frozen=True)
 class Objective:
     """A pre-training objective: mask kind × inputs transform × targets transform.
 
     `inputs_transform=None` makes a targets-only (language-modelling) task. `paradigm_token`
     (UL2's "[NLU]", "[NLG]", "[S2S]") is tokenized and prepended to the inputs. `raw_length`
-    overrides the chunk length computed from the sequence lengths.
+    overrides the chunk length computed from the sequence lengths. Gin binds its fields directly
+    (`Objective.noise_density = 0.3`, scoped as `rate30/Objective.*` inside `@rate30/make_task()`);
+    the built-in objectives pass every field they set explicitly, so bindings never change them.
     """
 
     mask: str = "random_spans"
@@ -239,7 +246,8 @@ class Objective:
 
     @property
     def uses_sentinels(self) -> bool:
-        return bool({self.inputs_transform, self.targets_transform} & _USES_SENTINELS)
+        names = (self.inputs_transform, self.targets_transform)
+        return any(TRANSFORMS[n].uses_sentinels for n in names if n is not None)
 
     # ------------------------------------------------------------------ length arithmetic
     def _budgets(self, sequence_length: Mapping[str, int], num_prefix: int) -> tuple[int, int]:
@@ -283,7 +291,7 @@ class Objective:
         for name, budget in pairs:
             if name is None:
                 continue
-            a, b, c, _ = _LENGTH_COEFFS[name]  # s = 1, no trailing non-noise
+            a, b, c, _ = TRANSFORMS[name].length  # s = 1, no trailing non-noise
             if b < 0:
                 low = max(low, a * t + c - budget)
             elif b > 0:
@@ -293,9 +301,7 @@ class Objective:
     def _length(self, name: str | None, t: int, profile: tuple[int, int, int]) -> int:
         if name is None:
             return 0
-        a, b, c, e = _LENGTH_COEFFS[name]
-        n, s, trailing = profile
-        return a * t + b * n + c * s + e * trailing
+        return TRANSFORMS[name].output_length(t, *profile)
 
     def max_lengths(
         self, t: int, sequence_length: Mapping[str, int], num_prefix: int = 0
@@ -435,10 +441,10 @@ def _apply_objective(
         max_noise=max_noise,
     )
     eos = tf.constant([vocab.eos_id], tf.int32)
-    targets = TRANSFORMS[objective.targets_transform](chunk, mask, vocab, seeds[2])
+    targets = TRANSFORMS[objective.targets_transform].fn(chunk, mask, vocab, seeds[2])
     out = {"targets": tf.concat([targets, eos], axis=0), "noise_mask": mask}
     if objective.has_inputs:
-        inputs = TRANSFORMS[objective.inputs_transform](chunk, mask, vocab, seeds[1])
+        inputs = TRANSFORMS[objective.inputs_transform].fn(chunk, mask, vocab, seeds[1])
         prefix = tf.constant(prefix_ids, tf.int32, shape=[len(prefix_ids)])
         out["inputs"] = tf.concat([prefix, inputs, eos], axis=0)
     return out
@@ -453,7 +459,7 @@ def _tf_prefix_bounds(
     for name, budget in pairs:
         if name is None:
             continue
-        a, b, c, _ = _LENGTH_COEFFS[name]
+        a, b, c, _ = TRANSFORMS[name].length
         if b < 0:
             low = tf.maximum(low, a * length + c - budget)
         elif b > 0:
@@ -481,49 +487,18 @@ def denoise(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    *,
-    mask: str = "random_spans",
-    noise_density: float | None = 0.15,
-    mean_noise_span_length: float = 3.0,
-    inputs_transform: str | None = "noise_span_to_unique_sentinel",
-    targets_transform: str = "nonnoise_span_to_unique_sentinel",
-    paradigm_token: str | None = None,
-    raw_length: int | None = None,
+    objective: Objective | None = None,
     keep_noise_mask: bool = False,
 ) -> tf.data.Dataset:
     """seqio preprocessor: tokenized documents -> objective examples (see module docstring).
 
+    `objective` defaults to `Objective()` built here, so gin bindings of `Objective.*` apply.
     Input examples: {'targets': int32 [n]} (the tokenized text). Output: {'inputs': int32 [<=
     Li], 'targets': int32 [<= Lt]} ({'targets'} only when inputs_transform is None), plus
     'noise_mask' bool [t] and 'chunk' int32 [t] when keep_noise_mask (for inspection).
     """
-    objective = Objective(
-        mask=mask,
-        noise_density=noise_density,
-        mean_noise_span_length=mean_noise_span_length,
-        inputs_transform=inputs_transform,
-        targets_transform=targets_transform,
-        paradigm_token=paradigm_token,
-        raw_length=raw_length,
-    )
-    return apply_objective(dataset, objective, sequence_length, output_features, keep_noise_mask)
-
-
-def paradigm_ids(objective: Objective, vocabulary: seqio.Vocabulary) -> tuple[int, ...]:
-    """Token ids of the objective's paradigm token (empty tuple without one)."""
-    if not objective.paradigm_token:
-        return ()
-    return tuple(int(i) for i in vocabulary.encode(objective.paradigm_token))
-
-
-def apply_objective(
-    dataset: tf.data.Dataset,
-    objective: Objective,
-    sequence_length: Mapping[str, int],
-    output_features: Mapping[str, seqio.Feature],
-    keep_noise_mask: bool = False,
-) -> tf.data.Dataset:
-    """`denoise` with an `Objective` value (what the task registry calls)."""
+    if objective is None:
+        objective = Objective()
     if sequence_length is None:
         raise ValueError("Objectives need sequence_length to size their chunks.")
     vocabulary = output_features["targets"].vocabulary
@@ -545,3 +520,11 @@ def apply_objective(
         return out
 
     return corrupt(split_into_chunks(dataset, chunk_length))
+
+
+def paradigm_ids(objective: Objective, vocabulary: seqio.Vocabulary) -> tuple[int, ...]:
+    """Token ids of the objective's paradigm token (empty tuple without one)."""
+    if not objective.paradigm_token:
+        return ()
+    return tuple(int(i) for i in vocabulary.encode(objective.paradigm_token))
+

@@ -3,7 +3,7 @@
 Tasks are `{corpus}_{objective}` for corpus in `CORPORA` and objective in `OBJECTIVES`
 (e.g. `c4like_span_corruption`), plus the UL2 denoisers and their mixture
 `{corpus}_ul2_mixture`. Each is a `seqio.Task`: source `text` -> rekey to 'targets' ->
-tokenize -> `objectives.apply_objective`. The supervised downstream suite (`downstream.py`:
+tokenize -> `objectives.denoise`. The supervised downstream suite (`downstream.py`:
 `downstream_*` and `downstream_mixture`) lives here too, as tasks without an objective whose
 source yields `inputs`/`targets` text, with seqio `metric_fns` and a strip postprocessor.
 Tasks are registered with the default vocabulary (`c4_32k`); `get_dataset(vocabulary=...)`
@@ -16,8 +16,8 @@ New objective without code (gin), e.g. span corruption at 30%:
     import t5x_like.data.tasks
     MIXTURE_OR_TASK_NAME = @rate30/make_task()
     rate30/make_task.name = 'span_corruption_rate_30'
-    rate30/make_task.mask = 'random_spans'
-    rate30/make_task.noise_density = 0.3
+    rate30/Objective.mask = 'random_spans'
+    rate30/Objective.noise_density = 0.3
     get_dataset.task = %MIXTURE_OR_TASK_NAME
 
 UL2 mixture (Tay et al. 2022, "mixture of denoisers"), our configuration: seven denoisers, each
@@ -44,7 +44,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like.data import converters, tokenize
-from t5x_like.data.objectives import Objective, apply_objective
+from t5x_like.data.objectives import Objective, denoise
 
 CORPORA = ("c4like", "c4")
 IN_MEMORY_CORPORA = ("c4like",)  # small enough to keep tokenized in memory
@@ -248,7 +248,7 @@ def _build_task(name: str, spec: TaskSpec, vocabulary: str) -> seqio.Task:
         preprocessors=[
             *precache,
             seqio.CacheDatasetPlaceholder(),
-            functools.partial(apply_objective, objective=spec.objective),
+            functools.partial(denoise, objective=spec.objective),
         ],
     )
 
@@ -304,20 +304,14 @@ def make_task(
     name: str = gin.REQUIRED,
     *,
     corpus: str = "c4like",
-    mask: str = "random_spans",
-    noise_density: float | None = 0.15,
-    mean_noise_span_length: float = 3.0,
-    inputs_transform: str | None = "noise_span_to_unique_sentinel",
-    targets_transform: str = "nonnoise_span_to_unique_sentinel",
-    paradigm_token: str | None = None,
-    raw_length: int | None = None,
+    objective: Objective | None = None,
 ) -> str:
-    """Register objective `name` over `corpus` from gin/kwargs; returns `{corpus}_{name}`."""
-    objective = Objective(mask=mask, noise_density=noise_density,
-                          mean_noise_span_length=mean_noise_span_length,
-                          inputs_transform=inputs_transform, targets_transform=targets_transform,
-                          paradigm_token=paradigm_token, raw_length=raw_length)
-    return register_task(f"{corpus}_{name}", objective, corpus)
+    """Register `objective` as task `{corpus}_{name}` and return that name.
+
+    Without `objective`, `Objective()` is built here, inside make_task's gin scope, so scoped
+    bindings (`rate30/Objective.noise_density = 0.3` with `@rate30/make_task()`) define it.
+    """
+    return register_task(f"{corpus}_{name}", objective or Objective(), corpus)
 
 
 def _register_defaults() -> None:

@@ -62,7 +62,7 @@ def merge(inputs, targets, vocab_size: int, extra_ids: int) -> list[int]:
 
 
 def transform(name, tokens, mask, vocab=O.VocabInfo(1000, 100), seed=(1, 2)):
-    fn = O.TRANSFORMS[name]
+    fn = O.TRANSFORMS[name].fn
     return fn(tf.constant(tokens, tf.int32), tf.constant(mask, tf.bool), vocab,
               tf.constant(seed)).numpy().tolist()
 
@@ -130,7 +130,7 @@ def run_objective(objective, docs, vocabulary, lengths, seed=0):
     )
     features = {k: seqio.Feature(vocabulary) for k in ("inputs", "targets")}
     with seqio.utils.map_seed_manager(seed):
-        out = O.apply_objective(ds, objective, lengths, features, keep_noise_mask=True)
+        out = O.denoise(ds, lengths, features, objective, keep_noise_mask=True)
     return list(out.as_numpy_iterator())
 
 
@@ -252,14 +252,14 @@ def test_too_short_lengths_and_bad_config():
         O.Objective(mask="iid", noise_density=None)
 
 
-def test_denoise_is_gin_configurable(small_vocab):
+def test_objective_is_gin_configurable_through_denoise(small_vocab):
     gin.clear_config()
     try:
         gin.parse_config([
-            "t5x_like.data.denoise.mask = 'iid'",
-            "t5x_like.data.denoise.noise_density = 0.5",
-            "t5x_like.data.denoise.inputs_transform = 'drop_noise_tokens'",
-            "t5x_like.data.denoise.targets_transform = 'drop_nonnoise_tokens'",
+            "t5x_like.data.Objective.mask = 'iid'",
+            "t5x_like.data.Objective.noise_density = 0.5",
+            "t5x_like.data.Objective.inputs_transform = 'drop_noise_tokens'",
+            "t5x_like.data.Objective.targets_transform = 'drop_nonnoise_tokens'",
         ])
         ds = tf.data.Dataset.from_tensors({"targets": tf.range(3, 43)})
         features = {k: seqio.Feature(small_vocab) for k in ("inputs", "targets")}

@@ -169,7 +169,7 @@ def test_new_objective_from_gin_without_code(data_dir):
     try:
         gin.parse_config("""
             rate30/make_task.name = 'test_span_corruption_rate_30'
-            rate30/make_task.noise_density = 0.3
+            rate30/Objective.noise_density = 0.3
             t5x_like.data.get_dataset.task = @rate30/make_task()
         """)
         ds = tasks.get_dataset(split="validation", sequence_length=SMALL, batch_size=2,
