@@ -17,6 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from t5x_like.data import atomic
+
 DATA_DIR_ENV = "T5X_LIKE_DATA_DIR"
 DEFAULT_DATA_DIR = "~/.cache/t5x_like"
 FETCH_TIMEOUT_S = 600
@@ -220,8 +222,6 @@ def copy_into_cache(name: str, src: str | os.PathLike,
         raise AssetError(f"{src} has sha256 {got}, not the {asset.stored_sha256} pinned for "
                          f"asset {name!r}")
     dest = asset_path(name, root)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    with atomic.write_file(dest) as tmp:
+        shutil.copyfile(src, tmp)
     return dest

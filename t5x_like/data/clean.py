@@ -32,6 +32,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from t5x_like.data import atomic
+
 Document = tuple[str, str]  # (id, text)
 
 PAGE_REASONS = ("empty", "lorem_ipsum", "curly_brace", "too_few_sentences", "duplicate")
@@ -290,16 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                          drop_policy_lines=not args.keep_policy_lines)
     stats = CleanStats()
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic.write_file(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             docs = read_documents(args.inputs, args.encoding_errors)
             for doc_id, text in clean_documents(docs, config, stats):
                 f.write(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
-        os.replace(tmp, out)
     except (DecodeError, ValueError, FileNotFoundError) as e:
-        tmp.unlink(missing_ok=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(stats.summary())

@@ -24,13 +24,12 @@ import html.parser
 import json
 import os
 import re
-import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from t5x_like.data import assets, clean
+from t5x_like.data import assets, atomic, clean
 
 if TYPE_CHECKING:
     import seqio
@@ -272,59 +271,53 @@ def _example(doc_id: str, source: str, text: str) -> bytes:
 def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dict:
     """Fetch the sources, clean, split and write the c4like corpus; returns its stats.
 
-    Writes into a temporary sibling directory and renames it into place at the end, so an
-    interrupted build never leaves a directory that `is_built` accepts.
+    Writes into a temporary sibling directory renamed into place at the end (`atomic.py`), so
+    an interrupted build never leaves a directory that `is_built` accepts.
     """
     import sentencepiece as spm
     import tensorflow as tf
 
-    root = corpus_dir(data_dir)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    for stale in root.parent.glob(f".tmp-{CORPUS_VERSION}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = root.parent / f".tmp-{CORPUS_VERSION}-{os.getpid()}"
-    tmp.mkdir()
-    writers = {split: [tf.io.TFRecordWriter(str(tmp / shard_name(split, i)))
-                       for i in range(n)] for split, n in NUM_SHARDS.items()}
-    sp = spm.SentencePieceProcessor(model_file=str(assets.fetch("c4_32k_spm", data_dir, log=log)))
-    dedup = clean.SpanDeduplicator(CLEAN_CONFIG.dedupe_span)
-    splits = {s: {"documents": 0, "characters": 0, "words": 0, "c4_32k_tokens": 0}
-              for s in NUM_SHARDS}
-    per_source = {}
-    try:
-        for source in SOURCES:
-            tgz = assets.fetch(source, data_dir, log=log)
-            stats = clean.CleanStats()
-            docs = list(clean.clean_documents(READERS[source](tgz), CLEAN_CONFIG, stats,
-                                              deduplicator=dedup))
-            token_counts = [len(ids) for ids in sp.encode([t for _, t in docs])]
-            for (doc_id, text), n_tokens in zip(docs, token_counts, strict=True):
-                split = split_of(doc_id)
-                writers[split][_shard_of(doc_id, NUM_SHARDS[split])].write(
-                    _example(doc_id, source, text))
-                s = splits[split]
-                s["documents"] += 1
-                s["characters"] += len(text)
-                s["words"] += len(text.split())
-                s["c4_32k_tokens"] += n_tokens
-            per_source[source] = stats.as_dict()
-            log(f"[corpus] {source}: {stats.input_docs} documents in, {stats.kept_docs} kept")
-    finally:
-        for ws in writers.values():
-            for w in ws:
-                w.close()
-    for split, s in splits.items():
-        if s["documents"] == 0:
-            raise RuntimeError(f"c4like build produced an empty {split} split")
-    files = {p.name: p.stat().st_size for p in sorted(tmp.glob("*.tfrecord-*"))}
-    stats = {"corpus": CORPUS_NAME, "version": CORPUS_VERSION, "fingerprint": fingerprint(),
-             "format": "TFRecord of tf.train.Example (text, id, source: bytes)",
-             "splits": splits, "sources": per_source, "clean_config": repr(CLEAN_CONFIG),
-             "files": files}
-    (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    if root.exists():
-        shutil.rmtree(root)
-    os.replace(tmp, root)
+    with atomic.build_dir(corpus_dir(data_dir)) as tmp:
+        writers = {split: [tf.io.TFRecordWriter(str(tmp / shard_name(split, i)))
+                           for i in range(n)] for split, n in NUM_SHARDS.items()}
+        spm_file = assets.fetch("c4_32k_spm", data_dir, log=log)
+        sp = spm.SentencePieceProcessor(model_file=str(spm_file))
+        dedup = clean.SpanDeduplicator(CLEAN_CONFIG.dedupe_span)
+        splits = {s: {"documents": 0, "characters": 0, "words": 0, "c4_32k_tokens": 0}
+                  for s in NUM_SHARDS}
+        per_source = {}
+        try:
+            for source in SOURCES:
+                tgz = assets.fetch(source, data_dir, log=log)
+                stats = clean.CleanStats()
+                docs = list(clean.clean_documents(READERS[source](tgz), CLEAN_CONFIG, stats,
+                                                  deduplicator=dedup))
+                token_counts = [len(ids) for ids in sp.encode([t for _, t in docs])]
+                for (doc_id, text), n_tokens in zip(docs, token_counts, strict=True):
+                    split = split_of(doc_id)
+                    writers[split][_shard_of(doc_id, NUM_SHARDS[split])].write(
+                        _example(doc_id, source, text))
+                    s = splits[split]
+                    s["documents"] += 1
+                    s["characters"] += len(text)
+                    s["words"] += len(text.split())
+                    s["c4_32k_tokens"] += n_tokens
+                per_source[source] = stats.as_dict()
+                log(f"[corpus] {source}: {stats.input_docs} documents in, "
+                    f"{stats.kept_docs} kept")
+        finally:
+            for ws in writers.values():
+                for w in ws:
+                    w.close()
+        for split, s in splits.items():
+            if s["documents"] == 0:
+                raise RuntimeError(f"c4like build produced an empty {split} split")
+        files = {p.name: p.stat().st_size for p in sorted(tmp.glob("*.tfrecord-*"))}
+        stats = {"corpus": CORPUS_NAME, "version": CORPUS_VERSION, "fingerprint": fingerprint(),
+                 "format": "TFRecord of tf.train.Example (text, id, source: bytes)",
+                 "splits": splits, "sources": per_source, "clean_config": repr(CLEAN_CONFIG),
+                 "files": files}
+        (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats
 
 

@@ -53,11 +53,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from t5x_like.data import assets, clean, corpus, metrics
+from t5x_like.data import assets, atomic, clean, corpus, metrics
 
 VERSION = "1.3.0"  # bump whenever the building rules change
 SPLITS = ("train", "validation", "test")
@@ -347,31 +346,24 @@ def is_built(data_dir: str | os.PathLike | None = None) -> bool:
 
 
 def build(data_dir: str | os.PathLike | None = None) -> dict:
-    """Build and cache every task's splits (temp dir renamed into place); returns the
+    """Build and cache every task's splits (`atomic.build_dir`); returns the
     manifest (`sizes[task][split]`)."""
     examples = build_examples(data_dir)
-    root = downstream_dir(data_dir)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.parent / f".tmp-{VERSION}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     files, sizes = {}, {}
-    for name, splits in examples.items():
-        (tmp / name).mkdir(parents=True)
-        sizes[name] = {}
-        for split, exs in splits.items():
-            rel = f"{name}/{split}.jsonl"
-            with open(tmp / rel, "w", encoding="utf-8") as f:
-                for e in exs:
-                    f.write(json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n")
-            files[rel] = (tmp / rel).stat().st_size
-            sizes[name][split] = len(exs)
-    manifest = {"version": VERSION, "fingerprint": fingerprint(), "sizes": sizes, "files": files}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.rmtree(root, ignore_errors=True)
-    try:
-        os.replace(tmp, root)
-    except OSError:  # a concurrent build won the rename; its content is identical
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic.build_dir(downstream_dir(data_dir)) as tmp:
+        for name, splits in examples.items():
+            (tmp / name).mkdir(parents=True)
+            sizes[name] = {}
+            for split, exs in splits.items():
+                rel = f"{name}/{split}.jsonl"
+                with open(tmp / rel, "w", encoding="utf-8") as f:
+                    for e in exs:
+                        f.write(json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n")
+                files[rel] = (tmp / rel).stat().st_size
+                sizes[name][split] = len(exs)
+        manifest = {"version": VERSION, "fingerprint": fingerprint(), "sizes": sizes,
+                    "files": files}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     _load.cache_clear()
     return manifest
 

@@ -20,13 +20,12 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from t5x_like.data import assets, clean, corpus
+from t5x_like.data import assets, atomic, clean, corpus
 
 if TYPE_CHECKING:
     import seqio
@@ -123,9 +122,8 @@ def train_vocabulary(text_files_or_iterator: Iterable[str] | Iterable[os.PathLik
     table = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
                     for i in range(sp.get_piece_size()))
     for ext, data in ((".vocab", table.encode("utf-8")), (".model", model)):
-        tmp = Path(f"{out}{ext}.tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, f"{out}{ext}")
+        with atomic.write_file(f"{out}{ext}") as tmp:
+            tmp.write_bytes(data)
     return Path(str(out) + ".model")
 
 
@@ -148,21 +146,14 @@ def c4like_8k_ready(data_dir: str | os.PathLike | None = None) -> bool:
 
 
 def build_c4like_8k(data_dir: str | os.PathLike | None = None) -> Path:
-    """Train c4like_8k on the c4like train split (corpus must be built); atomic via rename."""
+    """Train c4like_8k on the c4like train split (corpus must be built), atomically."""
     d = c4like_8k_dir(data_dir)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    for stale in d.parent.glob(".tmp-c4like_8k-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = d.parent / f".tmp-c4like_8k-{os.getpid()}"
-    tmp.mkdir()
     cfg = C4LIKE_8K
-    train_vocabulary(corpus.iter_split_texts("train", data_dir), tmp / "spm",
-                     cfg["vocab_size"], cfg["model_type"], max_sentences=cfg["max_sentences"],
-                     seed=cfg["seed"], byte_fallback=cfg["byte_fallback"])
-    (tmp / "meta.json").write_text(json.dumps(_c4like_8k_meta(), indent=2) + "\n")
-    if d.exists():
-        shutil.rmtree(d)
-    os.replace(tmp, d)
+    with atomic.build_dir(d) as tmp:
+        train_vocabulary(corpus.iter_split_texts("train", data_dir), tmp / "spm",
+                         cfg["vocab_size"], cfg["model_type"], max_sentences=cfg["max_sentences"],
+                         seed=cfg["seed"], byte_fallback=cfg["byte_fallback"])
+        (tmp / "meta.json").write_text(json.dumps(_c4like_8k_meta(), indent=2) + "\n")
     return d / "spm.model"
 
 
