@@ -8,7 +8,7 @@
 #
 # Everything below is drawn by the project's own code, not re-implemented here:
 # 1. **Objectives**: one `c4like` paragraph through every objective of the T5 paper (Raffel et
-#    al. 2020, §3.3), decoded, with its noise mask as a coloured strip (`t5x_like.data.inspect`).
+#    al. 2020, §3.3), decoded, with its noise mask as a coloured strip (`t5x_like.data.preview`).
 # 2. **Attention masks** of encoder-decoder, decoder-only and prefix-LM models on a packed row
 #    (`t5x_like.models.attention.make_mask_spec`).
 # 3. **Position encodings**: T5's relative-position buckets and RoPE's "clock hands".
@@ -96,7 +96,7 @@ print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} d
 # ## 1. One paragraph through every objective
 #
 # Every objective of the paper is *noise mask × inputs transform × targets transform* over a
-# chunk of a document (`t5x_like/data/objectives.py`). `t5x_like.data.inspect.inspect_task`
+# chunk of a document (`t5x_like/data/objectives.py`). `t5x_like.data.preview.preview_task`
 # runs the registered SeqIO task on the first validation document and keeps the noise mask, so
 # the text and the strips below are exactly what training sees (with the `c4like_8k`
 # vocabulary and 64 input tokens). In the figure each objective gets three strips, one cell per
@@ -121,8 +121,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from t5x_like.data import get_vocabulary
-from t5x_like.data import inspect as data_inspect
+from t5x_like.data import get_vocabulary, preview
 
 VOCABULARY = "c4like_8k"
 vocab = get_vocabulary(VOCABULARY)
@@ -137,12 +136,12 @@ OBJECTIVES = {
     "span_corruption": "Span corruption, 15%, mean 3",
 }
 records = {
-    name: data_inspect.inspect_task(f"c4like_{name}", vocabulary=VOCABULARY, num_examples=1,
+    name: preview.preview_task(f"c4like_{name}", vocabulary=VOCABULARY, num_examples=1,
                                     inputs_length=64, split="validation", document=0, seed=0)[0]
     for name in OBJECTIVES
 }
 for record in records.values():
-    print(data_inspect.format_record(record, width=110), end="\n\n")
+    print(preview.format_record(record, width=110), end="\n\n")
 
 # %%
 CATEGORIES = ["kept token", "noise token", "sentinel", "EOS", "token"]
@@ -525,7 +524,7 @@ def fill_in(inputs: list[int], filled: dict[int, list[int]]) -> str:
 
 span_model = infer.load_predictor(str(model_dirs["enc_dec_span_corruption"]))  # latest step
 DOCUMENTS = (1, 2, 4)  # validation documents (0 is the paragraph of part 1)
-cases = [data_inspect.inspect_task("c4like_span_corruption", vocabulary=VOCABULARY, num_examples=1,
+cases = [preview.preview_task("c4like_span_corruption", vocabulary=VOCABULARY, num_examples=1,
                                    sequence_length=ENC_DEC_LENGTHS, document=doc)[0]
          for doc in DOCUMENTS]
 width = ENC_DEC_LENGTHS["inputs"]
@@ -539,7 +538,7 @@ for case, tokens in zip(cases, np.asarray(out["tokens"])[:, 0], strict=True):
 
 # %%
 lm_model = infer.load_predictor(str(model_dirs["decoder_only_clm"]))
-prompts = [vocab.decode(data_inspect.inspect_task("c4like_full_lm", vocabulary=VOCABULARY,
+prompts = [vocab.decode(preview.preview_task("c4like_full_lm", vocabulary=VOCABULARY,
                                                   num_examples=1, document=doc)[0].chunk[:16])
            for doc in DOCUMENTS]  # the first 16 tokens of each document, as text
 for result in infer.predict(lm_model, prompts, method="greedy", max_decode_length=24):

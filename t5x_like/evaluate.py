@@ -95,12 +95,11 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     from t5x_like.train import trainer
 
     start = time.perf_counter()
-    try:
-        last = trainer.train()
-    except RuntimeError as err:
-        if isinstance(err, trainer.MissingBindingError) or "Required bindings" in str(err):
-            raise cli.ConfigError(f"missing required gin binding: {err}") from err
-        raise
+    missing = trainer.missing_bindings()
+    if missing:
+        raise cli.ConfigError(
+            f"missing required gin binding: {trainer.MissingBindingError(missing)}")
+    last = trainer.train()
     summary.update(trained=True, seconds=round(time.perf_counter() - start, 1),
                    final_loss=last.get("loss"), step=infer.checkpoint_steps(model_dir)[-1])
     return summary

@@ -153,8 +153,8 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
                    gin_search_paths: Sequence[str] = ()) -> Predictor:
     """Builds the model of `checkpoint`'s `config.gin` and restores its params onto a mesh.
 
-    The mesh and logical-axis rules default to the training ones (`train.mesh_shape` /
-    `create_mesh.mesh_shape`, `train.partitioning` / `logical_axis_rules.preset`); e.g.
+    The mesh and logical-axis rules default to the training ones (the config's
+    `create_mesh.mesh_shape` and `logical_axis_rules.preset`); e.g.
     `mesh_shape=(1, -1, 1), partitioning='fsdp'` shards every parameter over all devices.
     Gin is process-global: this clears it and leaves the checkpoint's config parsed.
     """
@@ -167,10 +167,8 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     lengths = bindings.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)  # unbound: converted
     sequence_length = {k: int(v) for k, v in dict(lengths).items()}
     vocab_name = bindings.get("vocabulary", "c4_32k")
-    shape = mesh_shape if mesh_shape is not None else bindings.get("mesh_shape")
-    mesh = P.create_mesh(shape) if shape is not None else P.create_mesh()
-    preset = partitioning or bindings.get("partitioning")
-    rules = P.logical_axis_rules(preset) if preset else P.logical_axis_rules()
+    mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
+    rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
     init_batch = dummy_batch(model.family, sequence_length, shards, packed=False)
     with P.partitioning_context(mesh, rules):

@@ -622,10 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mesh = [int(x) for x in args.mesh.split(",")]
             else:
                 per_host = min(args.devices_per_host, n) if n else None
-                mesh = gin_value("train.mesh_shape") or gin_value(
-                    "create_mesh.mesh_shape", (-1, 1, 1), num_devices=n, devices_per_host=per_host)
-            preset = (args.preset or gin_value("train.partitioning")
-                      or gin_value("logical_axis_rules.preset", "fsdp"))
+                mesh = gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
+                                 devices_per_host=per_host)
+            preset = args.preset or gin_value("logical_axis_rules.preset", "fsdp")
             result = plan(config, batch_size=batch, sequence_length=lengths, mesh_shape=mesh,
                           preset=preset, optimizer=optimizer, remat=args.remat,
                           num_microbatches=args.num_microbatches

@@ -2,6 +2,7 @@
 tiny pre-trained model dir shared by the infer / evaluate tests (real trainer, in-process)."""
 
 import os
+import zlib
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -21,6 +22,28 @@ def _clean_gin():
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: Set to re-run random tests with the seed a failure printed.
+SEED_ENV = "T5X_LIKE_TEST_SEED"
+
+
+@pytest.fixture
+def test_seed(request: pytest.FixtureRequest) -> int:
+    """The seed of a randomized test: $T5X_LIKE_TEST_SEED if set, else fixed per test id (so CI
+    is deterministic). A failing test's report shows the seed and how to re-run with it."""
+    override = os.environ.get(SEED_ENV)
+    seed = int(override) if override else zlib.crc32(request.node.nodeid.encode())
+    request.node.user_properties.append(("seed", seed))
+    return seed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = (yield).get_result()
+    seed = dict(item.user_properties).get("seed")
+    if report.failed and seed is not None:
+        report.sections.append(
+            ("seed", f"re-run with {SEED_ENV}={seed} pytest '{item.nodeid}'"))
 
 #: A tiny encoder-decoder (1+1 layers, d_model 32) with the c4like_8k vocabulary.
 TINY_BINDINGS = (

@@ -192,11 +192,10 @@ def build_run(target: Target) -> Run:
     config = getattr(model, "config", None) or TransformerConfig()
     optimizer = _gin("train.optimizer") or create_optimizer()
     n = target.num_devices
-    shape = _gin("train.mesh_shape") or _gin("create_mesh.mesh_shape", (-1, 1, 1),
-                                             num_devices=n,
-                                             devices_per_host=min(target.devices_per_host, n))
+    shape = _gin("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
+                 devices_per_host=min(target.devices_per_host, n))
     mesh = P.create_mesh(tuple(shape), devices=list(target.devices))
-    preset = _gin("train.partitioning") or _gin("logical_axis_rules.preset", "fsdp")
+    preset = _gin("logical_axis_rules.preset", "fsdp")
     rules = P.logical_axis_rules(preset)
     batch_size = int(_gin("train.batch_size", 128))
     shards = P.batch_shard_count(mesh, rules)

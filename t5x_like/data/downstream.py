@@ -56,7 +56,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from t5x_like.data import assets, atomic, clean, corpus, metrics
+from t5x_like.data import assets, atomic, clean, corpus, scoring
 
 VERSION = "1.3.0"  # bump whenever the building rules change
 SPLITS = ("train", "validation", "test")
@@ -89,7 +89,7 @@ class DownstreamSpec:
     metric_fns: tuple[Callable[..., dict[str, float]], ...]
 
 
-_CLS = (metrics.accuracy, metrics.f1_macro)
+_CLS = (scoring.accuracy, scoring.f1_macro)
 _LENGTHS = {"inputs": 256, "targets": 16}
 
 _SPECS = {s.name: s for s in (
@@ -111,7 +111,7 @@ _SPECS = {s.name: s for s in (
     DownstreamSpec(
         "downstream_cloze", "generation", "exact_match", None, dict(_LENGTHS),
         "LAMBADA-style: passage -> its final word (which also occurs earlier in the passage); "
-        "test passages come from c4like validation documents.", (metrics.exact_match,)),
+        "test passages come from c4like validation documents.", (scoring.exact_match,)),
 )}
 SUITE: tuple[str, ...] = tuple(_SPECS)
 
@@ -407,9 +407,9 @@ def mixture_rate(task: object) -> float:
 def compute_metrics(name: str, targets: list[str], predictions: list[str]) -> dict[str, float]:
     """Every metric of task `name` (0-100) on stripped strings, plus 'score' = the primary."""
     spec = get_spec(name)
-    metrics.check_inputs(targets, predictions)
-    t = [metrics.strip(x) for x in targets]
-    p = [metrics.strip(x) for x in predictions]
+    scoring.check_inputs(targets, predictions)
+    t = [scoring.strip(x) for x in targets]
+    p = [scoring.strip(x) for x in predictions]
     out: dict[str, float] = {}
     for fn in spec.metric_fns:
         out.update(fn(t, p))

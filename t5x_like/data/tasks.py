@@ -342,14 +342,14 @@ def _downstream_dataset(name: str, split: str, shuffle_files: bool = False,
 
 def _register_downstream() -> None:
     """The offline downstream suite (`downstream.py`; it never imports this module)."""
-    from t5x_like.data import downstream, metrics
+    from t5x_like.data import downstream, scoring
 
     for name in downstream.SUITE:
         source = seqio.FunctionDataSource(functools.partial(_downstream_dataset, name),
                                           splits=downstream.SPLITS)
         register_task(name, None, "downstream", source,
                       metric_fns=downstream.get_spec(name).metric_fns,
-                      postprocess_fn=metrics.strip)
+                      postprocess_fn=scoring.strip)
     register_mixture(downstream.MIXTURE, [(n, downstream.mixture_rate) for n in downstream.SUITE])
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from t5x_like.kernels.masks import attention_mask
 from t5x_like.kernels.relpos import relative_position_bucket
 
 # Row maximum of a fully-masked row; replaced by 0 before exponentiating so nothing becomes NaN.
@@ -148,26 +149,15 @@ def tile_mask(
     pq: jax.Array | None,
     pk: jax.Array | None,
 ) -> jax.Array | None:
-    """Allowed [bq, bk] (or None = all allowed) per DESIGN.md.
-
-    allowed = same nonzero segment AND (not causal OR k <= q OR (prefix[q] AND prefix[k])),
-    plus k < lk when padding is not carried by segment ids.
-    """
-    mask = None
-
-    def conj(a, b):
-        return b if a is None else jnp.logical_and(a, b)
-
-    if cfg.has_seg:
-        mask = jnp.logical_and(qseg[:, None] == kseg[None, :], qseg[:, None] != 0)
+    """Allowed [bq, bk] (or None = all allowed): `masks.attention_mask` on the tile's vectors,
+    and k < lk when padding is not carried by segment ids."""
+    mask = attention_mask(
+        q_idx, k_idx, causal=cfg.causal, q_segment_ids=qseg if cfg.has_seg else None,
+        kv_segment_ids=kseg if cfg.has_seg else None, q_prefix=pq if cfg.has_prefix else None,
+        k_prefix=pk if cfg.has_prefix else None)
     if cfg.kv_pad_mask:
-        shape = (q_idx.shape[0], k_idx.shape[0])
-        mask = conj(mask, jnp.broadcast_to(k_idx[None, :] < cfg.lk, shape))
-    if cfg.causal:
-        allowed = k_idx[None, :] <= q_idx[:, None]
-        if cfg.has_prefix:
-            allowed = jnp.logical_or(allowed, jnp.logical_and(pq[:, None] != 0, pk[None, :] != 0))
-        mask = conj(mask, allowed)
+        in_range = jnp.broadcast_to(k_idx[None, :] < cfg.lk, (q_idx.shape[0], k_idx.shape[0]))
+        mask = in_range if mask is None else jnp.logical_and(mask, in_range)
     return mask
 
 

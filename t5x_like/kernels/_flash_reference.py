@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from t5x_like.kernels.masks import attention_mask
 from t5x_like.kernels.relpos import relative_position_bucket
 
 
@@ -22,23 +23,13 @@ def reference_mask(
     kv_segment_ids: jax.Array | None = None,
     prefix_mask: jax.Array | None = None,
 ) -> jax.Array:
-    """Allowed [B, 1, Lq, Lk] bool per DESIGN.md."""
-    mask = jnp.ones((b, lq, lk), bool)
-    if q_segment_ids is not None and kv_segment_ids is not None:
-        qs, ks = q_segment_ids[:, :, None], kv_segment_ids[:, None, :]
-        mask &= (qs == ks) & (qs != 0)
-    elif kv_segment_ids is not None:  # one side only: mask that side's padding
-        mask &= (kv_segment_ids != 0)[:, None, :]
-    elif q_segment_ids is not None:
-        mask &= (q_segment_ids != 0)[:, :, None]
-    if causal:
-        allowed = jnp.arange(lk)[None, :] <= jnp.arange(lq)[:, None]
-        allowed = jnp.broadcast_to(allowed, (b, lq, lk))
-        if prefix_mask is not None:
-            pm = prefix_mask.astype(bool)
-            allowed = allowed | (pm[:, :, None] & pm[:, None, :])
-        mask &= allowed
-    return mask[:, None]
+    """Allowed [B, 1, Lq, Lk] bool (`masks.attention_mask` with positions 0..L-1)."""
+    mask = attention_mask(jnp.arange(lq), jnp.arange(lk), causal=causal,
+                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                          q_prefix=prefix_mask, k_prefix=prefix_mask)
+    if mask is None:
+        mask = jnp.ones((lq, lk), bool)
+    return jnp.broadcast_to(mask, (b, lq, lk))[:, None]
 
 
 def reference_rel_bias(

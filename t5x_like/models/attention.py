@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from t5x_like.kernels.masks import attention_mask
 from t5x_like.models.config import TransformerConfig
 from t5x_like.models.layers import (
     BATCH_LENGTH_EMBED,
@@ -112,23 +113,15 @@ def make_mask_spec(
 
 
 def dense_mask(spec: MaskSpec) -> jax.Array | None:
-    """Boolean `[B, 1, Lq, Lk]` (True = may attend), or None when everything is allowed."""
-    allowed = None
+    """Boolean `[B, 1, Lq, Lk]` (True = may attend), or None when everything is allowed.
 
-    def conj(a, b):
-        return b if a is None else a & b
-
-    if spec.kv_segment_ids is not None:
-        kv = spec.kv_segment_ids[:, None, :]
-        allowed = kv != 0
-        if spec.q_segment_ids is not None:
-            allowed = allowed & (spec.q_segment_ids[:, :, None] == kv)
-    if spec.causal:
-        visible = spec.k_index[:, None, :] <= spec.q_index[:, :, None]
-        if spec.prefix_mask is not None:
-            p = spec.prefix_mask.astype(bool)
-            visible = visible | (p[:, :, None] & p[:, None, :])
-        allowed = conj(allowed, visible)
+    The kernels' rule (`kernels.masks.attention_mask`) at the spec's absolute positions.
+    """
+    q_segment_ids = spec.q_segment_ids if spec.kv_segment_ids is not None else None
+    allowed = attention_mask(
+        spec.q_index, spec.k_index, causal=spec.causal, q_segment_ids=q_segment_ids,
+        kv_segment_ids=spec.kv_segment_ids, q_prefix=spec.prefix_mask,
+        k_prefix=spec.prefix_mask)
     return None if allowed is None else allowed[:, None]
 
 

@@ -183,6 +183,11 @@ def main(argv: Sequence[str]) -> int:
     from t5x_like.data.vocab import VocabularyError
     from t5x_like.train.checkpoints import CheckpointMismatchError, CheckpointUnreadableError
 
+    missing = trainer.missing_bindings(kwargs)
+    if missing:
+        print(f"error: missing required gin binding: {trainer.MissingBindingError(missing)}",
+              file=sys.stderr)
+        return 2
     try:
         last = trainer.train(**kwargs)
     except CheckpointMismatchError as err:
@@ -197,14 +202,6 @@ def main(argv: Sequence[str]) -> int:
     except trainer.NonFiniteLossError as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         return 3
-    except trainer.MissingBindingError as err:
-        print(f"error: missing required gin binding: {_message(err)}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:
-        if "Required bindings" in str(err):
-            print(f"error: missing required gin binding: {_message(err)}", file=sys.stderr)
-            return 2
-        raise
     import jax
 
     if "loss" in last:

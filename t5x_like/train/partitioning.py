@@ -11,6 +11,7 @@ left unsharded rather than failing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -342,6 +343,24 @@ def partitioning_context(mesh: Mesh, rules: LogicalRules) -> Iterator[None]:
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedFunction:
+    """A jitted function that traces, lowers and runs under its mesh and logical-axis rules."""
+
+    jitted: Any  # the jax.jit-wrapped function
+    mesh: Mesh
+    rules: LogicalRules
+
+    def __call__(self, *args: Any) -> Any:
+        with partitioning_context(self.mesh, self.rules):
+            return self.jitted(*args)
+
+    def lower(self, *args: Any) -> Any:
+        """`jax.stages.Lowered` for abstract or concrete args (AOT compiles, memory plans)."""
+        with partitioning_context(self.mesh, self.rules):
+            return self.jitted.lower(*args)
+
+
 def jit_sharded(
     fn: Callable[..., Any],
     mesh: Mesh,
@@ -349,23 +368,12 @@ def jit_sharded(
     in_shardings: Any,
     out_shardings: Any,
     donate_argnums: tuple[int, ...] = (),
-) -> Callable[..., Any]:
-    """``jax.jit`` with NamedShardings; traces and runs under the mesh and the logical rules."""
+) -> ShardedFunction:
+    """``jax.jit`` with NamedShardings, run and lowered under the mesh and the logical rules."""
     jitted = jax.jit(
         fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
     )
-
-    def call(*args: Any) -> Any:
-        with partitioning_context(mesh, rules):
-            return jitted(*args)
-
-    call.lower = lambda *args: _lower(jitted, mesh, rules, *args)  # type: ignore[attr-defined]
-    return call
-
-
-def _lower(jitted: Any, mesh: Mesh, rules: LogicalRules, *args: Any) -> Any:
-    with partitioning_context(mesh, rules):
-        return jitted.lower(*args)
+    return ShardedFunction(jitted, mesh, rules)
 
 
 def describe(mesh: Mesh) -> str:

@@ -7,13 +7,15 @@ another; with none, the state is initialised (from ``init_params_path`` when fin
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import os
 import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gin
@@ -35,7 +37,34 @@ class NonFiniteLossError(RuntimeError):
 
 
 class MissingBindingError(RuntimeError):
-    """A required gin binding (``%gin.REQUIRED`` in a gin file) was never given a value."""
+    """Required `train` parameters were given no value (unbound, or ``%gin.REQUIRED``)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__(", ".join(f"train.{k}" for k in names))
+        self.names = list(names)
+
+
+def missing_bindings(given: Mapping[str, Any] = ()) -> list[str]:
+    """`train` parameters that must be set but neither `given` nor the parsed gin config sets.
+
+    Unset = a ``gin.REQUIRED`` default with no binding, or any parameter a gin file binds to
+    ``%gin.REQUIRED`` (a run file's "you must set this", e.g. finetune.gin's init_params_path).
+    The CLIs report them all before any work instead of parsing gin's error text.
+    """
+    missing = []
+    for name, param in inspect.signature(train).parameters.items():
+        if name in given:
+            continue
+        try:
+            value = gin.query_parameter(f"train.{name}")
+        except ValueError:  # not bound
+            if param.default is gin.REQUIRED:
+                missing.append(name)
+            continue
+        if (isinstance(value, gin.config.ConfigurableReference)
+                and value.config_key[0] == "gin.REQUIRED"):
+            missing.append(name)
+    return missing
 
 
 class Preempted(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -189,8 +218,6 @@ def train(
     seed: int = 0,
     optimizer: Optimizer | None = None,
     num_microbatches: int = 1,
-    mesh_shape: tuple[int, int, int] | None = None,
-    partitioning: str | None = None,
     checkpoint_every: int = 1000,
     keep_checkpoints: int | None = 3,
     async_checkpointing: bool = True,
@@ -217,7 +244,6 @@ def train(
       batch_size: global batch (sequences); divided among processes.
       optimizer: ``@create_optimizer()`` (default: T5's Adafactor + rsqrt schedule).
       num_microbatches: gradient accumulation inside the jitted step (same update).
-      mesh_shape / partitioning: override ``create_mesh.mesh_shape`` / the rules preset.
       checkpoint_every / keep_checkpoints: save interval (steps) and how many to keep.
       restore_step: resume from this step instead of the latest.
       restore_dir: while ``model_dir`` has no checkpoint, resume the full state (params,
@@ -234,11 +260,8 @@ def train(
         every step that saves, evaluates or ends the run. One process checks every step (free).
     """
     required = [k for k, v in dict(locals()).items() if v is gin.REQUIRED]
-    if required:
-        raise MissingBindingError(
-            "Required bindings for `train` not provided in config: "
-            + ", ".join(f"train.{k}" for k in required)
-        )
+    if required:  # only for direct calls: the CLIs check `missing_bindings()` first
+        raise MissingBindingError(required)
     if on_nonfinite not in S.NONFINITE_POLICIES:
         raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; one of {S.NONFINITE_POLICIES}")
     model_dir = os.path.abspath(os.path.expanduser(model_dir))
@@ -247,8 +270,8 @@ def train(
               eval_split=eval_split, restore_dir=restore_dir, init_params_path=init_params_path)
     is_main = jax.process_index() == 0
     optimizer = optimizer if optimizer is not None else create_optimizer()
-    mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
-    rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
+    mesh = P.create_mesh()  # gin: create_mesh.mesh_shape, logical_axis_rules.preset
+    rules = P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
     if batch_size % shards:
         raise InvalidRunError(f"train.batch_size={batch_size} not divisible by the {shards} "
@@ -263,11 +286,11 @@ def train(
     checkpointer = C.Checkpointer(model_dir, save_interval_steps=checkpoint_every,
                                   keep=keep_checkpoints, async_save=async_checkpointing)
     batch_sh = P.batch_sharding(mesh, rules)
-    train_data = InputPipeline(
-        task=task, split="train", sequence_length=sequence_length, global_batch_size=batch_size,
-        model_family=family, vocabulary=vocabulary, pack=pack, shuffle=True, seed=seed,
-        sharding=batch_sh, checkpoint_iterator=checkpoint_data_iterator,
-    )
+    pipeline = functools.partial(
+        InputPipeline, task=task, sequence_length=sequence_length, global_batch_size=batch_size,
+        model_family=family, vocabulary=vocabulary, pack=pack, seed=seed, sharding=batch_sh)
+    train_data = pipeline(split="train", shuffle=True,
+                          checkpoint_iterator=checkpoint_data_iterator)
 
     source = checkpointer
     if restore_dir and checkpointer.latest_step() is None:
@@ -301,11 +324,7 @@ def train(
     eval_fn = S.jit_eval_step(S.make_eval_step(model), plan, mesh, rules)
     eval_data = None
     if eval_every:
-        eval_data = InputPipeline(
-            task=task, split=eval_split, sequence_length=sequence_length,
-            global_batch_size=batch_size, model_family=family, vocabulary=vocabulary, pack=pack,
-            shuffle=False, seed=seed, sharding=batch_sh, checkpoint_iterator=False,
-        )
+        eval_data = pipeline(split=eval_split, shuffle=False, checkpoint_iterator=False)
     write_operative_config(model_dir)
 
     tokens_per_seq = sum(int(v) for v in sequence_length.values())

@@ -9,8 +9,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from t5x_like.kernels._flash_reference import reference_mask
 from t5x_like.kernels.relpos import relative_position_bucket
+
+
+def mask_np(b, lq, lk, *, causal, q_segment_ids, kv_segment_ids, prefix_mask) -> np.ndarray:
+    """Allowed [B, 1, Lq, Lk], written out from DESIGN.md's rule independently of the kernels."""
+    allowed = np.ones((b, lq, lk), bool)
+    for i in range(b):
+        for q in range(lq):
+            for k in range(lk):
+                if kv_segment_ids is not None and q_segment_ids is not None:
+                    qs, ks = int(q_segment_ids[i][q]), int(kv_segment_ids[i][k])
+                    ok = qs == ks and qs != 0
+                elif kv_segment_ids is not None:
+                    ok = int(kv_segment_ids[i][k]) != 0
+                elif q_segment_ids is not None:
+                    ok = int(q_segment_ids[i][q]) != 0
+                else:
+                    ok = True
+                if causal:
+                    in_prefix = (prefix_mask is not None and bool(prefix_mask[i][q])
+                                 and bool(prefix_mask[i][k]))
+                    ok = ok and (k <= q or in_prefix)
+                allowed[i, q, k] = ok
+    return allowed[:, None]
 
 
 def attention_f64(q, k, v, do, *, causal=False, q_segment_ids=None, kv_segment_ids=None,
@@ -33,8 +55,8 @@ def attention_f64(q, k, v, do, *, causal=False, q_segment_ids=None, kv_segment_i
         s = s + np.transpose(table[bucket], (2, 0, 1))[None]
     if bias is not None:
         s = s + np.asarray(bias, np.float64)
-    mask = np.asarray(reference_mask(b, lq, lk, causal=causal, q_segment_ids=q_segment_ids,
-                                     kv_segment_ids=kv_segment_ids, prefix_mask=prefix_mask))
+    mask = mask_np(b, lq, lk, causal=causal, q_segment_ids=q_segment_ids,
+                   kv_segment_ids=kv_segment_ids, prefix_mask=prefix_mask)
     s = np.where(mask, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)

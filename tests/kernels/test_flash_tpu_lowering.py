@@ -107,12 +107,12 @@ def test_logsumexp_residual_is_a_lane_major_row() -> None:
     assert lse.shape == (B, 2, 1, 256)
 
 
-def test_backward_blocks_differ_from_forward_blocks() -> None:
+def test_backward_blocks_differ_from_forward_blocks(test_seed: int) -> None:
     """The row residuals do not depend on the blocks: fwd (32, 16) and bwd (16, 32) tiles give
     the reference gradients (TPU interpret mode, f32, packed segments + causal T5 table)."""
     from t5x_like.kernels._flash_reference import reference_attention
 
-    seed = int(np.random.SeedSequence().entropy % (2**32))
+    seed = test_seed
     rng = np.random.default_rng(seed)
     q, k, v, do = (jnp.asarray(rng.standard_normal((1, 64, 2, 32)), jnp.float32)
                    for _ in range(4))

@@ -57,6 +57,20 @@ def test_missing_required_binding_is_named(tmp_path, capsys) -> None:
     assert not (tmp_path / "m").exists()
 
 
+def test_every_missing_binding_is_named_at_once(tmp_path, capsys) -> None:
+    """Unbound gin.REQUIRED parameters and ones a file binds to %gin.REQUIRED, in one line."""
+    config = tmp_path / "partial.gin"
+    config.write_text("train.task = 'c4like_span_corruption'\n"
+                      "train.num_train_steps = %gin.REQUIRED\n"
+                      "train.init_params_path = %gin.REQUIRED\n")
+    rc = cli.main([f"--gin_file={config}", f"--model_dir={tmp_path / 'm'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err == ("error: missing required gin binding: train.model, train.sequence_length, "
+                   "train.num_train_steps, train.init_params_path")
+    assert not (tmp_path / "m").exists()
+
+
 def test_missing_gin_file_is_reported(capsys) -> None:
     assert cli.main(["--gin_file=gin/runs/nope.gin"]) == 2
     assert "gin file not found: gin/runs/nope.gin" in capsys.readouterr().err

@@ -1,11 +1,11 @@
 """See what an objective does to real text: decoded inputs vs targets, sentinels shown.
 
 CLI:
-    python -m t5x_like.data.inspect --task c4like_span_corruption [--vocabulary c4like_8k]
+    python -m t5x_like.data.preview --task c4like_span_corruption [--vocabulary c4like_8k]
         [--num_examples 3] [--inputs_length 64] [--split validation] [--document 0] [--seed 0]
-    python -m t5x_like.data.inspect --all      # every objective on the same document
+    python -m t5x_like.data.preview --all      # every objective on the same document
 
-Library (for notebooks): `inspect_task(...)` / `inspect_all(...)` return `Record`s with the
+Library (for notebooks): `preview_task(...)` / `preview_all(...)` return `Record`s with the
 token ids, the per-token noise mask and decoded text, e.g. to plot noise masks.
 """
 
@@ -85,7 +85,7 @@ def _documents(task: str, split: str, first: int) -> tf.data.Dataset:
     return provider.source.get_dataset(split=split, shuffle=False).skip(first)
 
 
-def inspect_task(
+def preview_task(
     task: str,
     *,
     vocabulary: str = tasks.DEFAULT_VOCABULARY,
@@ -102,7 +102,7 @@ def inspect_task(
     provider = tasks.get_task(task)
     if isinstance(provider, seqio.Mixture):
         names = [t.name for t in provider.tasks]
-        per_task = [inspect_task(n, vocabulary=vocabulary, num_examples=1,
+        per_task = [preview_task(n, vocabulary=vocabulary, num_examples=1,
                                  inputs_length=inputs_length, sequence_length=sequence_length,
                                  split=split, document=document, seed=seed) for n in names]
         return [r for records in per_task for r in records][:num_examples]
@@ -137,10 +137,10 @@ def inspect_task(
     return records
 
 
-def inspect_all(corpus: str = "c4like", **kwargs) -> list[Record]:
+def preview_all(corpus: str = "c4like", **kwargs) -> list[Record]:
     """The first example of every objective (and UL2 denoiser) on the same document."""
     names = [f"{corpus}_{o}" for o in [*tasks.OBJECTIVES, *tasks.UL2_DENOISERS]]
-    return [r for name in names for r in inspect_task(name, num_examples=1, **kwargs)]
+    return [r for name in names for r in preview_task(name, num_examples=1, **kwargs)]
 
 
 def format_record(record: Record, width: int = 120) -> str:
@@ -167,7 +167,7 @@ def format_record(record: Record, width: int = 120) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m t5x_like.data.inspect",
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.data.preview",
                                      description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--task", help="a registered task or mixture, e.g. c4like_span_corruption")
@@ -186,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         # Resolved first: an unknown name raised inside tf.data comes wrapped in a staging trace.
         get_vocabulary(args.vocabulary)
         if args.all:
-            records = inspect_all(args.corpus, **common)
+            records = preview_all(args.corpus, **common)
         else:
-            records = inspect_task(args.task, num_examples=args.num_examples, **common)
+            records = preview_task(args.task, num_examples=args.num_examples, **common)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
