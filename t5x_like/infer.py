@@ -39,13 +39,12 @@ import jax
 import numpy as np
 
 from t5x_like.models import decoding
+from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.train import checkpoints as C
 from t5x_like.train import cli
 from t5x_like.train import partitioning as P
-from t5x_like.train.train_step import dummy_batch
 
 log = logging.getLogger(__name__)
-PAD_ID, EOS_ID = 0, 1
 
 
 class InferenceError(ValueError):
@@ -172,7 +171,7 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     preset = partitioning or bindings.get("partitioning")
     rules = P.logical_axis_rules(preset) if preset else P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
-    init_batch = dummy_batch(model.family, sequence_length, shards, packed=False)
+    init_batch = model.example_batch(shards, sequence_length)
     with P.partitioning_context(mesh, rules):
         boxed = jax.eval_shape(lambda r: model.init_variables(r, init_batch)["params"],
                                jax.random.key(0))

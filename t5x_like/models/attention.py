@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from t5x_like.models.config import TransformerConfig
+from t5x_like.models.config import NEG_INF, TransformerConfig
 from t5x_like.models.layers import (
     BATCH_LENGTH_EMBED,
     Dense,
@@ -38,7 +38,6 @@ from t5x_like.models.layers import (
     relative_bias,
 )
 
-NEG_INF = -1e10
 HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
 
 

@@ -33,11 +33,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from t5x_like.models.config import EOS_ID, NEG_INF, PAD_ID
 from t5x_like.models.model import BaseModel
 
 Batch = Mapping[str, Any]
-PAD_ID, EOS_ID = 0, 1
-NEG_INF = -1e30  # finite "minus infinity": keeps arithmetic on dead beams NaN-free
 
 
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:

@@ -75,10 +75,35 @@ class BaseModel(abc.ABC):
         """Implemented per family."""
 
     @abc.abstractmethod
-    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        """Implemented per family."""
+    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
+                          ) -> dict[str, int]:
+        """Feature name -> length of this family's batches (DESIGN.md "Batches")."""
+
+    @abc.abstractmethod
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """Training FLOPs (forward + backward) of one example by part: `matmuls` (the layers'
+        weight matmuls), `attention` (scores and mixing) and `output` (the logits layer)."""
+
+    # Family properties -----------------------------------------------------------------------
+    @property
+    def has_encoder(self) -> bool:
+        """True for encoder-decoders (inputs are encoded, not part of the decoder's sequence)."""
+        return self.config.has_encoder
 
     # Shared API ------------------------------------------------------------------------------
+    def example_batch(self, batch_size: int = 1, sequence_length: Mapping[str, int] | None = None,
+                      *, packed: bool = False) -> dict[str, jax.Array]:
+        """An all-zero int32 batch `[batch_size, length]` of this family's features for the task
+        lengths `sequence_length` (default 4 each), with `decoder_loss_weights` and, when
+        `packed`, segment ids and positions: for init and shape inference."""
+        lengths = {"inputs": 4, "targets": 4} if sequence_length is None else sequence_length
+        features = self._example_features(lengths, packed)
+        return {k: jnp.zeros((batch_size, n), jnp.int32) for k, n in features.items()}
+
+    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
+        """Analytic training FLOPs of one example: the sum of `flops_breakdown` (for MFU)."""
+        return float(sum(self.flops_breakdown(sequence_length).values()))
+
     def init_variables(self, rng: jax.Array, batch: Batch) -> dict:
         """Boxed parameters `{'params': ...}` (logical axis metadata; use `nn.unbox` for arrays)."""
         args, kwargs = self._module_inputs(batch)
@@ -220,22 +245,32 @@ class EncoderDecoderModel(BaseModel):
     def _decode_method(self) -> dict:
         return {"method": EncoderDecoder.decode}
 
-    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        """Training FLOPs (forward + backward) for one `{'inputs': Li, 'targets': Lt}` example.
+    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
+                          ) -> dict[str, int]:
+        li = sequence_length["inputs"]
+        features = {"encoder_input_tokens": li}
+        if packed:
+            features.update(encoder_segment_ids=li, encoder_positions=li)
+        return {**features, **_decoder_features(sequence_length["targets"], packed)}
 
-        6·(params used)·(tokens) for every matmul — encoder layers on Li tokens, decoder layers
-        on Lt, cross-attention K/V projections on Li, the output layer on Lt — plus the
-        attention scores and mixing, 12·heads·head_dim·Lq·Lk per layer (full, unmasked
-        matrices: what the XLA path computes). Remat recomputation is not counted.
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """For one `{'inputs': Li, 'targets': Lt}` example: 6·(params used)·(tokens) for every
+        matmul — encoder layers on Li tokens, decoder layers on Lt, cross-attention K/V
+        projections on Li, the output layer on Lt — plus the attention scores and mixing,
+        12·heads·head_dim·Lq·Lk per layer (full, unmasked matrices: what the XLA path
+        computes). Remat recomputation is not counted.
         """
         cfg = self.config
         li, lt = sequence_length["inputs"], sequence_length["targets"]
         q_out, kv, mlp = _layer_matmul_params(cfg)
         hd = cfg.num_heads * cfg.head_dim
-        enc = cfg.num_encoder_layers * (6 * li * (q_out + kv + mlp) + 12 * hd * li * li)
-        dec_layer = 6 * lt * (2 * q_out + kv + mlp) + 6 * li * kv + 12 * hd * (lt * lt + lt * li)
-        out = 6 * lt * cfg.emb_dim * cfg.vocab_size
-        return float(enc + cfg.num_decoder_layers * dec_layer + out)
+        return {
+            "matmuls": cfg.num_encoder_layers * 6 * li * (q_out + kv + mlp)
+            + cfg.num_decoder_layers * (6 * lt * (2 * q_out + kv + mlp) + 6 * li * kv),
+            "attention": cfg.num_encoder_layers * 12 * hd * li * li
+            + cfg.num_decoder_layers * 12 * hd * (lt * lt + lt * li),
+            "output": 6 * lt * cfg.emb_dim * cfg.vocab_size,
+        }
 
 
 class DecoderOnlyModel(BaseModel):
@@ -270,17 +305,28 @@ class DecoderOnlyModel(BaseModel):
             mutable=["cache"],
         )
 
-    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        """Training FLOPs for one sequence of L = inputs + targets tokens (PaLM appendix B):
-        6·N·L for the layers' matmuls, 12·layers·heads·head_dim·L² for attention (full
-        matrices, as computed), 6·L·emb_dim·vocab for the output layer.
+    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
+                          ) -> dict[str, int]:
+        length = sum(sequence_length.values())
+        features = _decoder_features(length, packed)
+        if self.family == "prefix_lm":
+            features["decoder_causal_attention"] = length
+        return features
+
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """For one sequence of L = inputs + targets tokens (PaLM appendix B): 6·N·L for the
+        layers' matmuls, 12·layers·heads·head_dim·L² for attention (full matrices, as
+        computed), 6·L·emb_dim·vocab for the output layer.
         """
         cfg = self.config
         length = sequence_length.get("inputs", 0) + sequence_length["targets"]
         q_out, kv, mlp = _layer_matmul_params(cfg)
         hd = cfg.num_heads * cfg.head_dim
-        layer = 6 * length * (q_out + kv + mlp) + 12 * hd * length * length
-        return float(cfg.num_decoder_layers * layer + 6 * length * cfg.emb_dim * cfg.vocab_size)
+        return {
+            "matmuls": cfg.num_decoder_layers * 6 * length * (q_out + kv + mlp),
+            "attention": cfg.num_decoder_layers * 12 * hd * length * length,
+            "output": 6 * length * cfg.emb_dim * cfg.vocab_size,
+        }
 
 
 def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
@@ -291,21 +337,17 @@ def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
     return q_out, kv, mlp
 
 
-def dummy_batch(config: TransformerConfig, batch_size: int = 1, length: int = 8) -> dict:
-    """A minimal all-ones batch of the family's features (for init and shape inference)."""
-    ones = jnp.ones((batch_size, length), jnp.int32)
-    batch = {"decoder_input_tokens": ones, "decoder_target_tokens": ones}
-    if config.family == "encoder_decoder":
-        batch["encoder_input_tokens"] = ones
-    if config.family == "prefix_lm":
-        batch["decoder_causal_attention"] = ones
-    return batch
+def _decoder_features(length: int, packed: bool) -> dict[str, int]:
+    names = ["decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights"]
+    if packed:
+        names += ["decoder_segment_ids", "decoder_positions"]
+    return dict.fromkeys(names, length)
 
 
 def parameter_count(config: TransformerConfig) -> int:
     """Number of parameters, from `jax.eval_shape` (nothing is allocated)."""
     model = make_model(config)
-    init = lambda rng: nn.unbox(model.init_variables(rng, dummy_batch(config))["params"])
+    init = lambda rng: nn.unbox(model.init_variables(rng, model.example_batch())["params"])
     shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
     return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
 
