@@ -230,7 +230,7 @@ def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
     li = predictor.input_length
     encode = predictor.vocabulary.encode
     forced = [[int(i) for i in encode(p)] for p in prompts] if prompts is not None else None
-    if predictor.family == "encoder_decoder":
+    if predictor.model.has_encoder:
         batch = {"encoder_input_tokens": _pad(
             [_tokens(predictor, t, li, True, "input") for t in inputs], li)}
         if forced is not None:
@@ -240,13 +240,12 @@ def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
         return batch
     heads = [[0, *_tokens(predictor, t, li, predictor.has_inputs, "input")] for t in inputs]
     rows = [h + (forced[i] if forced else []) for i, h in enumerate(heads)]
-    batch = {"decoder_input_tokens": _pad(rows),
-             "prompt_lengths": np.asarray([len(r) for r in rows], np.int32)}
-    if predictor.family == "prefix_lm":
-        width = batch["decoder_input_tokens"].shape[1]
-        batch["decoder_causal_attention"] = np.stack(
-            [(np.arange(width) < len(h)).astype(np.int32) for h in heads])
-    return batch
+    width = max(1, max(len(r) for r in rows))
+    # BOS + input: bidirectional in a prefix LM (`model.decode_prompt`), ignored by causal LMs
+    causal = np.stack([(np.arange(width) < len(h)).astype(np.int32) for h in heads])
+    return {"decoder_input_tokens": _pad(rows, width),
+            "prompt_lengths": np.asarray([len(r) for r in rows], np.int32),
+            "decoder_causal_attention": causal}
 
 
 def _detokenize(predictor: Predictor, ids: np.ndarray) -> str:
@@ -322,7 +321,7 @@ def _score_batch(predictor: Predictor, inputs: Sequence[str],
     """A teacher-forced batch as the feature converters build it (unpacked)."""
     li, lt = predictor.input_length, predictor.target_length
     tgt = [_tokens(predictor, t, lt, True, "target") for t in targets]
-    if predictor.family == "encoder_decoder":
+    if predictor.model.has_encoder:
         dec = _pad(tgt, lt)
         return {"encoder_input_tokens": _pad(
                     [_tokens(predictor, t, li, True, "input") for t in inputs], li),
@@ -337,14 +336,12 @@ def _score_batch(predictor: Predictor, inputs: Sequence[str],
     for i, (h, t) in enumerate(zip(heads, tgt, strict=True)):
         weights[i, len(h): len(h) + len(t)] = 1
         causal[i, : len(h) + 1] = 1
-    batch = {"decoder_target_tokens": seq, "decoder_input_tokens": np.pad(seq[:, :-1],
-             ((0, 0), (1, 0))), "decoder_loss_weights": weights,
-             "decoder_segment_ids": (np.arange(width)[None] < np.asarray(
-                 [len(h) + len(t) for h, t in zip(heads, tgt, strict=True)])[:, None]
-             ).astype(np.int32)}
-    if predictor.family == "prefix_lm":
-        batch["decoder_causal_attention"] = causal
-    return batch
+    return {"decoder_target_tokens": seq, "decoder_input_tokens": np.pad(seq[:, :-1],
+            ((0, 0), (1, 0))), "decoder_loss_weights": weights,
+            "decoder_segment_ids": (np.arange(width)[None] < np.asarray(
+                [len(h) + len(t) for h, t in zip(heads, tgt, strict=True)])[:, None]
+            ).astype(np.int32),
+            "decoder_causal_attention": causal}  # used by prefix LMs only
 
 
 _SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
@@ -387,7 +384,7 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
     for chunk in chunks:
         batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], None), rows)
         for key in ("decoder_input_tokens", "decoder_causal_attention"):
-            if key in batch and predictor.family != "encoder_decoder":  # one shape, one compile
+            if key in batch and not predictor.model.has_encoder:  # one shape, one compile
                 batch[key] = np.pad(batch[key], ((0, 0), (0, width - batch[key].shape[1])))
         with P.partitioning_context(predictor.mesh, predictor.rules):
             values = decoding.score_candidates(predictor.model, predictor.params, batch, tokens)

@@ -103,6 +103,18 @@ class TransformerConfig:
         return self.family == "encoder_decoder"
 
     @property
+    def slug(self) -> str:
+        """A short name of the architecture, e.g. encdec_2x2, encdec_shared_2x2, lm_2L (causal
+        decoder-only over inputs+targets), prefixlm_2L, decoderonly_4L."""
+        dec = self.num_decoder_layers
+        if self.family == "encoder_decoder":
+            shared = "_shared" if self.shared_encoder_decoder else ""
+            return f"encdec{shared}_{self.num_encoder_layers}x{dec}"
+        if self.family == "prefix_lm":
+            return f"{'prefixlm' if self.decoder_prefix_attention else 'lm'}_{dec}L"
+        return f"decoderonly_{dec}L"
+
+    @property
     def activation_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 

@@ -45,40 +45,6 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 
 
 # Prompts and the cache -----------------------------------------------------------------------
-def _prompt(model: BaseModel, batch: Batch) -> dict[str, jax.Array]:
-    """The `prefill` batch: prompt tokens, `prompt_lengths [B]` and family extras."""
-    if model.family == "encoder_decoder":
-        enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
-        size = enc.shape[0]
-        if "decoder_input_tokens" not in batch:
-            return {
-                "encoder_input_tokens": enc,
-                "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
-                "prompt_lengths": jnp.ones((size,), jnp.int32),
-            }
-        forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
-        lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
-        return {
-            "encoder_input_tokens": enc,
-            "decoder_input_tokens": forced,
-            "prompt_lengths": jnp.asarray(lengths, jnp.int32),
-        }
-    tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
-    size, width = tokens.shape
-    if "prompt_lengths" in batch:
-        lengths = jnp.asarray(batch["prompt_lengths"], jnp.int32)
-    elif "decoder_causal_attention" in batch:
-        lengths = jnp.sum(jnp.asarray(batch["decoder_causal_attention"], jnp.int32), axis=1)
-    else:
-        lengths = jnp.full((size,), width, jnp.int32)
-    prompt = {"decoder_input_tokens": tokens, "prompt_lengths": lengths}
-    if model.family == "prefix_lm":
-        visible = jnp.arange(width)[None] < lengths[:, None]
-        causal = batch.get("decoder_causal_attention", visible.astype(jnp.int32))
-        prompt["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
-    return prompt
-
-
 def _cache_batch_axes(model: BaseModel, params: Any, prompt: dict, cache_length: int) -> Any:
     """Per cache leaf, the axis that grows with the batch (None for batch-free leaves).
 
@@ -110,7 +76,7 @@ def _start(
 
     Returns the next-token logits `[B*copies, V]`, the cache, its batch axes and B.
     """
-    prompt = _prompt(model, batch)
+    prompt = model.decode_prompt(batch)
     width = prompt["decoder_input_tokens"].shape[1]
     cache_length = width + max_decode_length
     logits, cache = model.prefill(params, prompt, cache_length)

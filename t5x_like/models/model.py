@@ -75,6 +75,12 @@ class BaseModel(abc.ABC):
         """Implemented per family."""
 
     @abc.abstractmethod
+    def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
+        """The `prefill` batch of a decoding request (see `models/decoding.py`'s docstring):
+        prompt tokens `decoder_input_tokens [B, P]`, `prompt_lengths [B]` and the family's
+        extras (`encoder_input_tokens`, `decoder_causal_attention`)."""
+
+    @abc.abstractmethod
     def _example_features(self, sequence_length: Mapping[str, int], packed: bool
                           ) -> dict[str, int]:
         """Feature name -> length of this family's batches (DESIGN.md "Batches")."""
@@ -225,6 +231,25 @@ class EncoderDecoderModel(BaseModel):
         )
         return (enc, jnp.asarray(batch["decoder_input_tokens"], jnp.int32)), kwargs
 
+    def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
+        """Encoder inputs; the decoder starts from BOS, or from a forced decoder prompt
+        `decoder_input_tokens` (BOS + forced tokens, lengths `prompt_lengths`, default all)."""
+        enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        size = enc.shape[0]
+        if "decoder_input_tokens" not in batch:
+            return {
+                "encoder_input_tokens": enc,
+                "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
+                "prompt_lengths": jnp.ones((size,), jnp.int32),
+            }
+        forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
+        lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
+        return {
+            "encoder_input_tokens": enc,
+            "decoder_input_tokens": forced,
+            "prompt_lengths": jnp.asarray(lengths, jnp.int32),
+        }
+
     def _prefill_apply(self, params, batch, max_decode_length):
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         enc_seg = (enc > 0).astype(jnp.int32)
@@ -293,6 +318,25 @@ class DecoderOnlyModel(BaseModel):
             prefix_mask=self._prefix(batch),
         )
         return (jnp.asarray(batch["decoder_input_tokens"], jnp.int32),), kwargs
+
+    def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
+        """The prompt `decoder_input_tokens`; its lengths from `prompt_lengths`, else
+        `sum(decoder_causal_attention)`, else its width. Prefix LMs also get
+        `decoder_causal_attention` (default: 1 on the whole prompt); causal LMs ignore it."""
+        tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
+        size, width = tokens.shape
+        if "prompt_lengths" in batch:
+            lengths = jnp.asarray(batch["prompt_lengths"], jnp.int32)
+        elif "decoder_causal_attention" in batch:
+            lengths = jnp.sum(jnp.asarray(batch["decoder_causal_attention"], jnp.int32), axis=1)
+        else:
+            lengths = jnp.full((size,), width, jnp.int32)
+        prompt = {"decoder_input_tokens": tokens, "prompt_lengths": lengths}
+        if self.family == "prefix_lm":
+            visible = jnp.arange(width)[None] < lengths[:, None]
+            causal = batch.get("decoder_causal_attention", visible.astype(jnp.int32))
+            prompt["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
+        return prompt
 
     def _prefill_apply(self, params, batch, max_decode_length):
         return self.module.apply(
