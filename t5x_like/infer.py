@@ -38,7 +38,6 @@ import gin
 import jax
 import numpy as np
 
-from t5x_like.models import decoding
 from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.train import checkpoints as C
 from t5x_like.train import cli
@@ -226,7 +225,7 @@ def _pad(rows: list[list[int]], width: int | None = None) -> np.ndarray:
 
 def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
                   prompts: Sequence[str] | None) -> dict[str, np.ndarray]:
-    """The `decoding.decode` batch for a list of texts (see the module docstring)."""
+    """The `model.decode` batch for a list of texts (see the module docstring)."""
     li = predictor.input_length
     encode = predictor.vocabulary.encode
     forced = [[int(i) for i in encode(p)] for p in prompts] if prompts is not None else None
@@ -276,7 +275,7 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
             seed: int = 0, **decode_options: Any) -> list[dict[str, Any]]:
     """Decodes every input; returns `[{'input', 'output', 'score'}]` in input order.
 
-    `output` is the best decode (text up to EOS), `score` its `decoding.decode` score (log-prob;
+    `output` is the best decode (text up to EOS), `score` its `model.decode` score (log-prob;
     beam: length-normalised); with `num_decodes > 1` also `outputs` / `scores` (best first).
     `decoder_prompts[i]` (text) forces the first decoder tokens of example i; `output` is then
     what follows them. `decode_options`: `temperature`, `top_k`, `top_p` (sample), `alpha`,
@@ -302,9 +301,9 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
         prompts = [decoder_prompts[i] for i in chunk] if decoder_prompts is not None else None
         batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], prompts), rows)
         with P.partitioning_context(predictor.mesh, predictor.rules):
-            out = decoding.decode(predictor.model, predictor.params, batch, method=method,
-                                  max_decode_length=length, rng=jax.random.fold_in(rng, b),
-                                  **options)
+            out = predictor.model.decode(predictor.params, batch, method=method,
+                                         max_decode_length=length,
+                                         rng=jax.random.fold_in(rng, b), **options)
         tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
         for j, i in enumerate(chunk):
             texts = [_detokenize(predictor, t) for t in tokens[j]]
@@ -372,7 +371,7 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
          batch_size: int = 32) -> np.ndarray:
     """Log-likelihood (nats) `[len(inputs), len(candidates)]` of every candidate target (+ EOS)
     given every input: `score` of all pairs, computed with one prefill per input
-    (`decoding.score_candidates`). The argmax per row is rank classification."""
+    (`model.score_candidates`). The argmax per row is rank classification."""
     if not candidates:
         raise ValueError("rank needs at least one candidate")
     tokens = _pad([_tokens(predictor, c, predictor.target_length, True, "target")
@@ -387,7 +386,7 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
             if key in batch and not predictor.model.has_encoder:  # one shape, one compile
                 batch[key] = np.pad(batch[key], ((0, 0), (0, width - batch[key].shape[1])))
         with P.partitioning_context(predictor.mesh, predictor.rules):
-            values = decoding.score_candidates(predictor.model, predictor.params, batch, tokens)
+            values = predictor.model.score_candidates(predictor.params, batch, tokens)
         out[chunk.start: chunk.stop] = np.asarray(values)[: len(chunk)]
     _warn_truncated(predictor, len(inputs))
     return out

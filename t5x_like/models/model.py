@@ -1,4 +1,4 @@
-"""Model API shared by all families: init, logits, loss, score, FLOPs and decoding hooks.
+"""Model API shared by all families: init, logits, loss, score, FLOPs and decoding.
 
 The trainer, evaluation and sweeps call only `BaseModel` methods, so they never branch on the
 architecture. Batches are the SeqIO feature-converter dicts of DESIGN.md.
@@ -8,11 +8,14 @@ Decoding: the 'cache' collection holds, per decoder self-attention layer, `cache
 encoder's K/V (computed once); and `cache_index [B]` (the next position of each example).
 `prefill` runs a prompt through the model once (prefix-LM prompts with their fully-visible
 prefix) and returns its logits and the cache; `decode_step` feeds one token per example.
+`decode` and `score_candidates` build the prompt (`decode_prompt`), prefill it and run the
+model-agnostic algorithms of `models/decoding.py` with `decode_step` as `tokens_to_logits`.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +25,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models.config import TransformerConfig
+from t5x_like.models import decoding
+from t5x_like.models.config import EOS_ID, TransformerConfig
 from t5x_like.models.transformer import DecoderOnly, EncoderDecoder
 
 Batch = Mapping[str, Any]
@@ -199,6 +203,96 @@ class BaseModel(abc.ABC):
 
     def _decode_method(self) -> dict:
         return {}
+
+    def decode(self, params: Params, batch: Batch, *, method: str = "greedy",
+               max_decode_length: int, rng: jax.Array | None = None,
+               **options: Any) -> dict[str, jax.Array]:
+        """Jitted decoding of the prompts in `batch` (see `decode_prompt`): `method` is
+        'greedy', 'sample' (`temperature`, `top_k`, `top_p`, `num_decodes`) or 'beam'
+        (`num_beams`, `num_decodes`, `alpha`); all take `eos_id`.
+
+        Returns `tokens [B, N, L]`, `lengths [B, N]`, `log_probs [B, N]`, `scores [B, N]` (see
+        `models/decoding.py`). Compiled once per model, method, input shapes and static option
+        (`max_decode_length`, `num_decodes`, `num_beams`); `temperature`, `top_k`, `top_p`,
+        `alpha` and `eos_id` are traced, so changing them does not recompile.
+        """
+        if method not in _DECODE_DYNAMIC:
+            raise ValueError(f"unknown decoding method {method!r}: 'greedy', 'sample' or 'beam'")
+        options["max_decode_length"] = max_decode_length
+        dynamic = {**_DECODE_DYNAMIC[method], "eos_id": EOS_ID}
+        dynamic = {k: jnp.asarray(options.pop(k, v)) for k, v in dynamic.items()}
+        batch = {key: jnp.asarray(value) for key, value in batch.items()}
+        static = tuple(sorted(options.items()))
+        return _decode_jit(self, params, batch, rng, dynamic, method, static)
+
+    def score_candidates(self, params: Params, batch: Batch, candidates: jax.Array) -> jax.Array:
+        """Log-likelihood `[B, C]` of each of C continuations shared by all B prompts (jitted).
+
+        `batch` is a prompt as for `decode`; `candidates [C, T]` are token ids (each ending with
+        EOS, right-padded with 0; padding is not scored). Prefills each prompt once and
+        teacher-forces the candidates on C copies of its cache. Equals `score` of the
+        concatenated examples (tested), which is what T5X's rank classification computes.
+        """
+        return _score_candidates_jit(self, params, batch, candidates)
+
+    def _decoding_start(self, params: Params, batch: Batch, max_decode_length: int
+                        ) -> tuple[jax.Array, Cache, Any]:
+        """Prefills the prompts of `batch` for `max_decode_length` more tokens; returns the
+        next-token logits `[B, V]`, the cache and its batch axes (`decoding.gather_rows`)."""
+        prompt = self.decode_prompt(batch)
+        width = prompt["decoder_input_tokens"].shape[1]
+        cache_length = width + max_decode_length
+        logits, cache = self.prefill(params, prompt, cache_length)
+        last = jnp.take_along_axis(logits, (prompt["prompt_lengths"] - 1)[:, None, None], axis=1)
+        return last[:, 0], cache, self._cache_batch_axes(params, prompt, cache_length)
+
+    def _cache_batch_axes(self, params: Params, prompt: Batch, cache_length: int) -> Any:
+        """Per cache leaf, the axis that grows with the batch (None for batch-free leaves).
+
+        Found from two abstract `prefill`s (batch 1 and 2), so layouts such as scanned layers'
+        leading `[layers, B, ...]` axis need no special-casing.
+        """
+
+        def shapes(size: int) -> Any:
+            spec = {k: jax.ShapeDtypeStruct((size, *v.shape[1:]), v.dtype)
+                    for k, v in prompt.items()}
+            return jax.eval_shape(lambda p, b: self.prefill(p, b, cache_length)[1], params, spec)
+
+        def axis(a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> int | None:
+            diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
+            return diff[0] if diff else None
+
+        return jax.tree.map(axis, shapes(1), shapes(2))
+
+
+#: Traced decoding options per method and their defaults (changing them does not recompile).
+_DECODE_DYNAMIC = {
+    "greedy": {},
+    "sample": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    "beam": {"alpha": 0.6},
+}
+
+
+@functools.partial(jax.jit, static_argnames=("model", "method", "options"))
+def _decode_jit(model: BaseModel, params: Params, batch: Batch, rng: jax.Array | None,
+                dynamic: dict[str, jax.Array], method: str, options: tuple) -> dict:
+    kwargs = {**dict(options), **dynamic}
+    logits, cache, axes = model._decoding_start(params, batch, kwargs["max_decode_length"])
+    step = lambda tokens, cache: model.decode_step(params, cache, tokens)
+    if method == "greedy":
+        return decoding.greedy_decode(logits, cache, step, cache_axes=axes, **kwargs)
+    if method == "sample":
+        return decoding.temperature_sample(logits, cache, step, cache_axes=axes, rng=rng,
+                                           **kwargs)
+    return decoding.beam_search(logits, cache, step, cache_axes=axes, **kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _score_candidates_jit(model: BaseModel, params: Params, batch: Batch,
+                          candidates: jax.Array) -> jax.Array:
+    logits, cache, axes = model._decoding_start(params, batch, candidates.shape[1])
+    step = lambda tokens, cache: model.decode_step(params, cache, tokens)
+    return decoding.score_continuations(logits, cache, step, candidates, cache_axes=axes)
 
 
 def _weights(batch: Batch) -> jax.Array:
