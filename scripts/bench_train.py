@@ -51,11 +51,11 @@ def model_config(name: str, dtype: str) -> TransformerConfig:
     return cfg.replace(dropout_rate=0.0, dtype=dtype)
 
 
-def random_batch(family: str, seq: dict[str, int], batch: int, rng: np.random.Generator,
+def random_batch(model: Any, seq: dict[str, int], batch: int, rng: np.random.Generator,
                  vocab: int) -> dict[str, np.ndarray]:
     """Fresh random tokens, packed layout with two segments per row (never all zeros)."""
     out = {}
-    for key, arr in S.dummy_batch(family, seq, batch, packed=True).items():
+    for key, arr in model.example_batch(batch, seq, packed=True).items():
         n = arr.shape[1]
         if key.endswith("segment_ids"):
             out[key] = np.where(np.arange(n) < n // 2, 1, 2)[None].repeat(batch, 0)
@@ -81,11 +81,11 @@ def bench_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]:
     rules = P.logical_axis_rules("fsdp")
     opt = create_optimizer("adafactor")
     global_batch = batch * n_dev
-    plan = S.plan_state(model, opt, S.dummy_batch(cfg.family, seq, n_dev, True), mesh, rules)
+    plan = S.plan_state(model, opt, model.example_batch(n_dev, seq, packed=True), mesh, rules)
     state = S.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     rng = np.random.default_rng(0)
-    batches = [random_batch(cfg.family, seq, global_batch, rng, cfg.vocab_size)
+    batches = [random_batch(model, seq, global_batch, rng, cfg.vocab_size)
                for _ in range(steps + 1)]
     t0 = time.perf_counter()
     state, m = step(state, batches[0], jax.random.key(1))

@@ -158,7 +158,6 @@ def multichip(topology: str, batch: int) -> dict:
     from t5x_like.kernels.flash_attention import compile_target
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.train import partitioning as part
-    from t5x_like.train import train_step
 
     cfg = TransformerConfig(
         vocab_size=32128, emb_dim=512, num_heads=8, head_dim=64, mlp_dim=1024,
@@ -166,7 +165,7 @@ def multichip(topology: str, batch: int) -> dict:
         attention_impl="pallas")
     model = make_model(cfg)
     lengths = {"inputs": 512, "targets": 128}
-    dummy = train_step.dummy_batch("encoder_decoder", lengths, batch, True)
+    dummy = model.example_batch(batch, lengths, packed=True)
     devices, plat, arch, custom_call = _slice_devices(topology)
     model_axis = 2 if len(devices) % 2 == 0 else 1
     mesh = part.create_mesh((len(devices) // model_axis, 1, model_axis), devices=devices)

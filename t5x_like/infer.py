@@ -38,14 +38,12 @@ import gin
 import jax
 import numpy as np
 
-from t5x_like.models import decoding
+from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.train import checkpoints as C
 from t5x_like.train import cli
 from t5x_like.train import partitioning as P
-from t5x_like.train.train_step import dummy_batch
 
 log = logging.getLogger(__name__)
-PAD_ID, EOS_ID = 0, 1
 
 
 class InferenceError(ValueError):
@@ -170,7 +168,7 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
     rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
-    init_batch = dummy_batch(model.family, sequence_length, shards, packed=False)
+    init_batch = model.example_batch(shards, sequence_length)
     with P.partitioning_context(mesh, rules):
         boxed = jax.eval_shape(lambda r: model.init_variables(r, init_batch)["params"],
                                jax.random.key(0))
@@ -225,11 +223,11 @@ def _pad(rows: list[list[int]], width: int | None = None) -> np.ndarray:
 
 def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
                   prompts: Sequence[str] | None) -> dict[str, np.ndarray]:
-    """The `decoding.decode` batch for a list of texts (see the module docstring)."""
+    """The `model.decode` batch for a list of texts (see the module docstring)."""
     li = predictor.input_length
     encode = predictor.vocabulary.encode
     forced = [[int(i) for i in encode(p)] for p in prompts] if prompts is not None else None
-    if predictor.family == "encoder_decoder":
+    if predictor.model.has_encoder:
         batch = {"encoder_input_tokens": _pad(
             [_tokens(predictor, t, li, True, "input") for t in inputs], li)}
         if forced is not None:
@@ -239,13 +237,12 @@ def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
         return batch
     heads = [[0, *_tokens(predictor, t, li, predictor.has_inputs, "input")] for t in inputs]
     rows = [h + (forced[i] if forced else []) for i, h in enumerate(heads)]
-    batch = {"decoder_input_tokens": _pad(rows),
-             "prompt_lengths": np.asarray([len(r) for r in rows], np.int32)}
-    if predictor.family == "prefix_lm":
-        width = batch["decoder_input_tokens"].shape[1]
-        batch["decoder_causal_attention"] = np.stack(
-            [(np.arange(width) < len(h)).astype(np.int32) for h in heads])
-    return batch
+    width = max(1, max(len(r) for r in rows))
+    # BOS + input: bidirectional in a prefix LM (`model.decode_prompt`), ignored by causal LMs
+    causal = np.stack([(np.arange(width) < len(h)).astype(np.int32) for h in heads])
+    return {"decoder_input_tokens": _pad(rows, width),
+            "prompt_lengths": np.asarray([len(r) for r in rows], np.int32),
+            "decoder_causal_attention": causal}
 
 
 def _detokenize(predictor: Predictor, ids: np.ndarray) -> str:
@@ -276,7 +273,7 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
             seed: int = 0, **decode_options: Any) -> list[dict[str, Any]]:
     """Decodes every input; returns `[{'input', 'output', 'score'}]` in input order.
 
-    `output` is the best decode (text up to EOS), `score` its `decoding.decode` score (log-prob;
+    `output` is the best decode (text up to EOS), `score` its `model.decode` score (log-prob;
     beam: length-normalised); with `num_decodes > 1` also `outputs` / `scores` (best first).
     `decoder_prompts[i]` (text) forces the first decoder tokens of example i; `output` is then
     what follows them. `decode_options`: `temperature`, `top_k`, `top_p` (sample), `alpha`,
@@ -302,9 +299,9 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
         prompts = [decoder_prompts[i] for i in chunk] if decoder_prompts is not None else None
         batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], prompts), rows)
         with P.partitioning_context(predictor.mesh, predictor.rules):
-            out = decoding.decode(predictor.model, predictor.params, batch, method=method,
-                                  max_decode_length=length, rng=jax.random.fold_in(rng, b),
-                                  **options)
+            out = predictor.model.decode(predictor.params, batch, method=method,
+                                         max_decode_length=length,
+                                         rng=jax.random.fold_in(rng, b), **options)
         tokens, scores = np.asarray(out["tokens"]), np.asarray(out["scores"])
         for j, i in enumerate(chunk):
             texts = [_detokenize(predictor, t) for t in tokens[j]]
@@ -321,7 +318,7 @@ def _score_batch(predictor: Predictor, inputs: Sequence[str],
     """A teacher-forced batch as the feature converters build it (unpacked)."""
     li, lt = predictor.input_length, predictor.target_length
     tgt = [_tokens(predictor, t, lt, True, "target") for t in targets]
-    if predictor.family == "encoder_decoder":
+    if predictor.model.has_encoder:
         dec = _pad(tgt, lt)
         return {"encoder_input_tokens": _pad(
                     [_tokens(predictor, t, li, True, "input") for t in inputs], li),
@@ -336,14 +333,12 @@ def _score_batch(predictor: Predictor, inputs: Sequence[str],
     for i, (h, t) in enumerate(zip(heads, tgt, strict=True)):
         weights[i, len(h): len(h) + len(t)] = 1
         causal[i, : len(h) + 1] = 1
-    batch = {"decoder_target_tokens": seq, "decoder_input_tokens": np.pad(seq[:, :-1],
-             ((0, 0), (1, 0))), "decoder_loss_weights": weights,
-             "decoder_segment_ids": (np.arange(width)[None] < np.asarray(
-                 [len(h) + len(t) for h, t in zip(heads, tgt, strict=True)])[:, None]
-             ).astype(np.int32)}
-    if predictor.family == "prefix_lm":
-        batch["decoder_causal_attention"] = causal
-    return batch
+    return {"decoder_target_tokens": seq, "decoder_input_tokens": np.pad(seq[:, :-1],
+            ((0, 0), (1, 0))), "decoder_loss_weights": weights,
+            "decoder_segment_ids": (np.arange(width)[None] < np.asarray(
+                [len(h) + len(t) for h, t in zip(heads, tgt, strict=True)])[:, None]
+            ).astype(np.int32),
+            "decoder_causal_attention": causal}  # used by prefix LMs only
 
 
 _SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
@@ -374,7 +369,7 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
          batch_size: int = 32) -> np.ndarray:
     """Log-likelihood (nats) `[len(inputs), len(candidates)]` of every candidate target (+ EOS)
     given every input: `score` of all pairs, computed with one prefill per input
-    (`decoding.score_candidates`). The argmax per row is rank classification."""
+    (`model.score_candidates`). The argmax per row is rank classification."""
     if not candidates:
         raise ValueError("rank needs at least one candidate")
     tokens = _pad([_tokens(predictor, c, predictor.target_length, True, "target")
@@ -386,10 +381,10 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
     for chunk in chunks:
         batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], None), rows)
         for key in ("decoder_input_tokens", "decoder_causal_attention"):
-            if key in batch and predictor.family != "encoder_decoder":  # one shape, one compile
+            if key in batch and not predictor.model.has_encoder:  # one shape, one compile
                 batch[key] = np.pad(batch[key], ((0, 0), (0, width - batch[key].shape[1])))
         with P.partitioning_context(predictor.mesh, predictor.rules):
-            values = decoding.score_candidates(predictor.model, predictor.params, batch, tokens)
+            values = predictor.model.score_candidates(predictor.params, batch, tokens)
         out[chunk.start: chunk.stop] = np.asarray(values)[: len(chunk)]
     _warn_truncated(predictor, len(inputs))
     return out

@@ -51,7 +51,6 @@ from t5x_like.models import TransformerConfig, make_model
 from t5x_like.models.config import REMAT_POLICIES
 from t5x_like.train import partitioning as P
 from t5x_like.train.optimizers import Optimizer, create_optimizer
-from t5x_like.train.train_step import dummy_batch
 
 GIB = 1024**3
 #: What the activation estimate models (see ``plan``'s ``compiler``).
@@ -94,8 +93,8 @@ def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int]
     model = make_model(config)
     lengths = dict(sequence_length)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
-             dummy_batch(config.family, lengths, _TRACE_BATCH, packed).items()}
-    small = dummy_batch(config.family, {k: 8 for k in lengths}, 1, False)
+             model.example_batch(_TRACE_BATCH, lengths, packed=packed).items()}
+    small = model.example_batch(1, {k: 8 for k in lengths})
     params = jax.eval_shape(
         lambda r: nn.unbox(model.init_variables(r, small)["params"]), jax.random.key(0))
     rng = jax.random.key(1) if config.dropout_rate > 0 else None
@@ -240,8 +239,8 @@ _FUSION_PLANS = {"in_order": _fusion_roots_in_order, "shared": _fusion_roots_sha
 @functools.lru_cache(maxsize=32)
 def _boxed_params(config: TransformerConfig, features: tuple[str, ...]) -> Any:
     """Abstract boxed parameters (``jax.eval_shape`` of the init: nothing is allocated)."""
-    small = dummy_batch(config.family, {k: 8 for k in features}, 1, False)
     model = make_model(config)
+    small = model.example_batch(1, {k: 8 for k in features})
     return jax.eval_shape(lambda r: model.init_variables(r, small)["params"], jax.random.key(0))
 
 
@@ -278,7 +277,7 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
     joined = {config.num_heads * config.head_dim, config.kv_heads * config.head_dim}
     tp_sizes = {config.num_heads, config.kv_heads, config.mlp_dim, config.vocab_size,
                 *joined} - {config.emb_dim}
-    enc_dec = config.family == "encoder_decoder"
+    enc_dec = config.has_encoder
     shared = config.shared_encoder_decoder
     if enc_dec and not shared:
         variants = {"base": (1, 1), "enc": (2, 1), "dec": (1, 2)}
@@ -341,24 +340,6 @@ def gathered_weight_bytes(params: Any, dtype: Any, sharded: bool, model_axis: in
     return 2.0 * max(groups.values()) * jnp.dtype(dtype).itemsize / model_axis
 
 
-def _attention_flops(config: TransformerConfig, sequence_length: Mapping[str, int]) -> float:
-    """The attention-matrix part of ``flops_per_sequence`` (score + mix, forward + backward)."""
-    hd = config.num_heads * config.head_dim
-    if config.family == "encoder_decoder":
-        li, lt = sequence_length["inputs"], sequence_length["targets"]
-        return 12.0 * hd * (config.num_encoder_layers * li * li
-                            + config.num_decoder_layers * (lt * lt + lt * li))
-    length = sequence_length.get("inputs", 0) + sequence_length["targets"]
-    return 12.0 * hd * config.num_decoder_layers * length * length
-
-
-def _output_flops(config: TransformerConfig, sequence_length: Mapping[str, int]) -> float:
-    length = sequence_length["targets"]
-    if config.family != "encoder_decoder":
-        length += sequence_length.get("inputs", 0)
-    return 6.0 * length * config.emb_dim * config.vocab_size
-
-
 def plan(
     config: TransformerConfig,
     *,
@@ -419,9 +400,10 @@ def plan(
                                      shape[2] if preset in _TP_PRESETS else 1)
     totals = {k: param_b + opt_b + grads_b + gathered + v for k, v in acts.items()}
 
+    parts = model.flops_breakdown(dict(sequence_length))
     flops = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
-    attn = _attention_flops(config, sequence_length) * batch_size
-    layers = flops - _output_flops(config, sequence_length) * batch_size
+    attn = float(parts["attention"]) * batch_size
+    layers = flops - float(parts["output"]) * batch_size
     recompute = {"none": 0.0, "dots": 0.0, "minimal": attn / 3.0, "full": layers / 3.0}
     memory = None if device_memory_gb is None else float(device_memory_gb) * GIB
     return {

@@ -34,11 +34,11 @@ def _xla_memory(cfg: TransformerConfig, mesh_shape, preset: str, optimizer: str,
     model, opt = make_model(cfg), create_optimizer(optimizer)
     mesh, rules = P.create_mesh(mesh_shape), P.logical_axis_rules(preset)
     shards = P.batch_shard_count(mesh, rules)
-    state = S.plan_state(model, opt, S.dummy_batch(cfg.family, LENGTHS, shards, True), mesh, rules)
+    state = S.plan_state(model, opt, model.example_batch(shards, LENGTHS, packed=True), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), state, mesh, rules)
     bsh = P.batch_sharding(mesh, rules)
     inputs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh)
-              for k, v in S.dummy_batch(cfg.family, LENGTHS, batch, True).items()}
+              for k, v in model.example_batch(batch, LENGTHS, packed=True).items()}
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
                                sharding=NamedSharding(mesh, PartitionSpec()))
     analysis = step.lower(state.abstract, inputs, rng).compile().memory_analysis()

@@ -204,7 +204,7 @@ def build_run(target: Target) -> Run:
         raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch "
                          f"shards x {mb} microbatches of {P.describe(mesh)}")
     pack = bool(_gin("train.pack", True))
-    state = S.plan_state(model, optimizer, S.dummy_batch(model.family, lengths, shards, pack),
+    state = S.plan_state(model, optimizer, model.example_batch(shards, lengths, packed=pack),
                          mesh, rules)
     return Run(model=model, config=config, optimizer=optimizer,
                optimizer_name=str(_gin("create_optimizer.name", "adafactor")),
@@ -218,11 +218,10 @@ def abstract_batch(run: Run) -> dict[str, Any]:
     import jax
 
     from t5x_like.train import partitioning as P
-    from t5x_like.train import train_step as S
 
     sharding = P.batch_sharding(run.mesh, run.rules)
-    shapes = jax.eval_shape(lambda: S.dummy_batch(run.model.family, run.sequence_length,
-                                                  run.batch_size, run.pack))
+    shapes = jax.eval_shape(lambda: run.model.example_batch(
+        run.batch_size, run.sequence_length, packed=run.pack))
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
             for k, v in shapes.items()}
 

@@ -17,6 +17,9 @@ from t5x_like.kernels.masks import attention_mask
 from t5x_like.kernels.relpos import relative_position_bucket
 
 # Row maximum of a fully-masked row; replaced by 0 before exponentiating so nothing becomes NaN.
+# The kernel's own constant, not models.config.NEG_INF (-1e30): the online softmax tests
+# `m == -inf` to find rows with no allowed key yet, which a finite value could not mark
+# (kernels import nothing from models).
 NEG_INF = float("-inf")
 
 

@@ -10,7 +10,6 @@ from t5x_like.models.model import (
     DecoderOnlyModel,
     EncoderDecoderModel,
     cross_entropy_with_z_loss,
-    dummy_batch,
     make_model,
     parameter_count,
 )
@@ -29,7 +28,6 @@ __all__ = [
     "TransformerConfig",
     "attend",
     "cross_entropy_with_z_loss",
-    "dummy_batch",
     "make_mask_spec",
     "make_model",
     "parameter_count",

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from t5x_like.kernels.masks import attention_mask
-from t5x_like.models.config import TransformerConfig
+from t5x_like.models.config import NEG_INF, TransformerConfig
 from t5x_like.models.layers import (
     BATCH_LENGTH_EMBED,
     Dense,
@@ -39,7 +39,6 @@ from t5x_like.models.layers import (
     relative_bias,
 )
 
-NEG_INF = -1e10
 HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
 
 

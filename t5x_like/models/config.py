@@ -21,6 +21,14 @@ ROPE_SCALINGS = ("none", "linear", "yarn")
 REMAT_POLICIES = ("none", "full", "minimal", "dots")
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 
+#: Token ids shared by every vocabulary (DESIGN.md "Batches"): padding (also the decoder's BOS)
+#: and end of sequence.
+PAD_ID, EOS_ID = 0, 1
+#: The models' finite "minus infinity": masked attention logits and excluded decoding choices.
+#: Finite so that arithmetic on fully-masked rows and dead beams stays NaN-free; -1e30 is
+#: representable in float32 and bfloat16 and far below any real logit or log-probability.
+NEG_INF = -1e30
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +96,23 @@ class TransformerConfig:
     def kv_heads(self) -> int:
         """Number of key/value heads (`num_kv_heads`, defaulting to `num_heads`)."""
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def has_encoder(self) -> bool:
+        """True for encoder-decoders: inputs go to `encoder_input_tokens`, not the decoder."""
+        return self.family == "encoder_decoder"
+
+    @property
+    def slug(self) -> str:
+        """A short name of the architecture, e.g. encdec_2x2, encdec_shared_2x2, lm_2L (causal
+        decoder-only over inputs+targets), prefixlm_2L, decoderonly_4L."""
+        dec = self.num_decoder_layers
+        if self.family == "encoder_decoder":
+            shared = "_shared" if self.shared_encoder_decoder else ""
+            return f"encdec{shared}_{self.num_encoder_layers}x{dec}"
+        if self.family == "prefix_lm":
+            return f"{'prefixlm' if self.decoder_prefix_attention else 'lm'}_{dec}L"
+        return f"decoderonly_{dec}L"
 
     @property
     def activation_dtype(self) -> jnp.dtype:

@@ -1,20 +1,16 @@
-"""Autoregressive decoding on top of the `BaseModel` KV-cache hooks (`prefill`, `decode_step`).
+"""Model-agnostic autoregressive decoding over a `tokens_to_logits` step function (as T5X's).
+
+Every algorithm starts from the next-token `logits [B, V]` after a prompt and a `cache` holding
+that prompt, and calls `tokens_to_logits(tokens [B'], cache) -> (logits [B', V], cache)` once per
+generated token; it knows nothing of models, prompts or families (`BaseModel.decode` builds the
+prompt, prefills it and wraps `decode_step`). `cache_axes` gives, per cache leaf, the axis that
+holds the batch (None: batch-free; the default None for the whole tree: axis 0 of every leaf),
+so rows can be copied (several decodes per example) and reordered (beams) on any cache layout.
 
 Three algorithms, each one `jax.lax.while_loop` (jit-compatible, static shapes):
 `greedy_decode`, `temperature_sample` (temperature, top-k, top-p) and `beam_search` (length
-penalty `((5 + len) / 6) ** alpha`, T5X's default alpha = 0.6). `decode` is the jitted entry
-point for all of them; `score_candidates` scores a closed set of continuations per prompt
-(rank classification) on the same cache.
-
-Prompts (batch dict, pad = 0, right-padded):
-- encoder-decoder: `encoder_input_tokens [B, Li]`; the decoder starts from BOS (token 0), or,
-  for a forced decoder prompt, from `decoder_input_tokens [B, P]` (BOS + the forced first target
-  tokens, right-padded; lengths from `prompt_lengths [B]`, else P), which are prefilled so that
-  generation continues after them (the forced tokens are not part of the outputs).
-- decoder-only / prefix LM: `decoder_input_tokens [B, P]` is the prompt (SeqIO's shifted-right
-  form, usually starting with the 0 BOS); its lengths (>= 1) come from `prompt_lengths [B]`,
-  else from `sum(decoder_causal_attention)`, else P. Prefix LMs see the prompt bidirectionally
-  (`decoder_causal_attention` defaults to 1 on the prompt).
+penalty `((5 + len) / 6) ** alpha`, T5X's default alpha = 0.6); `score_continuations`
+teacher-forces a closed set of continuations per prompt (rank classification) on one cache.
 
 Outputs hold generated tokens only: `tokens [B, N, L]` (N = `num_decodes`, L =
 `max_decode_length`), each row ending at its first EOS (kept) and padded with 0 after it;
@@ -26,18 +22,18 @@ sorted by `scores`, best first.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models.model import BaseModel
+from t5x_like.models.config import EOS_ID, NEG_INF, PAD_ID
 
 Batch = Mapping[str, Any]
-PAD_ID, EOS_ID = 0, 1
-NEG_INF = -1e30  # finite "minus infinity": keeps arithmetic on dead beams NaN-free
+#: `(tokens [B], cache) -> (logits [B, V], cache)`: feeds one token per row.
+TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
@@ -45,86 +41,23 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-# Prompts and the cache -----------------------------------------------------------------------
-def _prompt(model: BaseModel, batch: Batch) -> dict[str, jax.Array]:
-    """The `prefill` batch: prompt tokens, `prompt_lengths [B]` and family extras."""
-    if model.family == "encoder_decoder":
-        enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
-        size = enc.shape[0]
-        if "decoder_input_tokens" not in batch:
-            return {
-                "encoder_input_tokens": enc,
-                "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
-                "prompt_lengths": jnp.ones((size,), jnp.int32),
-            }
-        forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
-        lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
-        return {
-            "encoder_input_tokens": enc,
-            "decoder_input_tokens": forced,
-            "prompt_lengths": jnp.asarray(lengths, jnp.int32),
-        }
-    tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
-    size, width = tokens.shape
-    if "prompt_lengths" in batch:
-        lengths = jnp.asarray(batch["prompt_lengths"], jnp.int32)
-    elif "decoder_causal_attention" in batch:
-        lengths = jnp.sum(jnp.asarray(batch["decoder_causal_attention"], jnp.int32), axis=1)
-    else:
-        lengths = jnp.full((size,), width, jnp.int32)
-    prompt = {"decoder_input_tokens": tokens, "prompt_lengths": lengths}
-    if model.family == "prefix_lm":
-        visible = jnp.arange(width)[None] < lengths[:, None]
-        causal = batch.get("decoder_causal_attention", visible.astype(jnp.int32))
-        prompt["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
-    return prompt
-
-
-def _cache_batch_axes(model: BaseModel, params: Any, prompt: dict, cache_length: int) -> Any:
-    """Per cache leaf, the axis that grows with the batch (None for batch-free leaves).
-
-    Found from two abstract `prefill`s (batch 1 and 2), so layouts such as scanned layers'
-    leading `[layers, B, ...]` axis need no special-casing.
-    """
-
-    def shapes(size: int) -> Any:
-        spec = {k: jax.ShapeDtypeStruct((size, *v.shape[1:]), v.dtype) for k, v in prompt.items()}
-        return jax.eval_shape(lambda p, b: model.prefill(p, b, cache_length)[1], params, spec)
-
-    def axis(a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> int | None:
-        diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
-        return diff[0] if diff else None
-
-    return jax.tree.map(axis, shapes(1), shapes(2))
-
-
-def _take(cache: Any, axes: Any, index: jax.Array) -> Any:
-    """Gathers `index [B']` along every cache leaf's batch axis (expand/reorder beams)."""
+# Cache rows ------------------------------------------------------------------------------------
+def gather_rows(cache: Any, cache_axes: Any, index: jax.Array) -> Any:
+    """Takes rows `index [B']` along every cache leaf's batch axis (copy/reorder rows)."""
+    if cache_axes is None:
+        return jax.tree.map(lambda x: jnp.take(x, index, axis=0), cache)
     take = lambda x, ax: x if ax is None else jnp.take(x, index, axis=ax)
-    return jax.tree.map(take, cache, axes, is_leaf=lambda x: x is None)
+    return jax.tree.map(take, cache, cache_axes, is_leaf=lambda x: x is None)
 
 
-def _start(
-    model: BaseModel, params: Any, batch: Batch, max_decode_length: int, copies: int
-) -> tuple[jax.Array, Any, Any, int]:
-    """Prefills the prompts and repeats each example `copies` times.
-
-    Returns the next-token logits `[B*copies, V]`, the cache, its batch axes and B.
-    """
-    prompt = _prompt(model, batch)
-    width = prompt["decoder_input_tokens"].shape[1]
-    cache_length = width + max_decode_length
-    logits, cache = model.prefill(params, prompt, cache_length)
-    size = logits.shape[0]
-    last = jnp.take_along_axis(logits, (prompt["prompt_lengths"] - 1)[:, None, None], axis=1)
-    axes = _cache_batch_axes(model, params, prompt, cache_length)
-    index = jnp.repeat(jnp.arange(size), copies)
-    return last[:, 0][index], _take(cache, axes, index), axes, size
+def _repeat(logits: jax.Array, cache: Any, cache_axes: Any, copies: int) -> tuple[jax.Array, Any]:
+    """Each of the B rows `copies` times in a row (row b*copies + i is a copy of row b)."""
+    index = jnp.repeat(jnp.arange(logits.shape[0]), copies)
+    return logits[index], gather_rows(cache, cache_axes, index)
 
 
-def _finish(
-    tokens: jax.Array, lengths: jax.Array, log_probs: jax.Array, scores: jax.Array, size: int
-) -> dict[str, jax.Array]:
+def _sorted(tokens: jax.Array, lengths: jax.Array, log_probs: jax.Array, scores: jax.Array,
+            size: int) -> dict[str, jax.Array]:
     """Reshapes `[B*N, ...]` results to `[B, N, ...]`, sorted by score (best first)."""
     n = tokens.shape[0] // size
     out = {
@@ -141,6 +74,19 @@ def _finish(
 
 
 # Greedy and sampling ---------------------------------------------------------------------------
+@flax.struct.dataclass
+class SamplingState:
+    """`temperature_sample`'s loop state; rows = examples x decodes."""
+
+    step: jax.Array       # [] int32: the output position written next
+    tokens: jax.Array     # [rows, max_decode_length] int32 generated tokens, 0 after EOS
+    lengths: jax.Array    # [rows] int32 tokens so far, up to and including EOS
+    log_probs: jax.Array  # [rows] float32 log-likelihood of the tokens so far
+    done: jax.Array       # [rows] bool: EOS emitted
+    logits: jax.Array     # [rows, vocab] logits of the next token
+    cache: Any            # the caller's cache, rows along `cache_axes`
+
+
 def _filter_logits(
     logits: jax.Array, top_k: int | jax.Array, top_p: float | jax.Array
 ) -> jax.Array:
@@ -160,11 +106,12 @@ def _filter_logits(
 
 
 def temperature_sample(
-    model: BaseModel,
-    params: Any,
-    batch: Batch,
+    logits: jax.Array,
+    cache: Any,
+    tokens_to_logits: TokensToLogits,
     *,
     max_decode_length: int,
+    cache_axes: Any = None,
     rng: jax.Array | None = None,
     temperature: float | jax.Array = 1.0,
     top_k: int | jax.Array = 0,
@@ -172,7 +119,8 @@ def temperature_sample(
     num_decodes: int = 1,
     eos_id: int | jax.Array = EOS_ID,
 ) -> dict[str, jax.Array]:
-    """Ancestral sampling from `softmax(filter(logits) / temperature)`.
+    """Ancestral sampling from `softmax(filter(logits) / temperature)`, starting from the
+    next-token `logits [B, V]` and `cache` of B prompts.
 
     `temperature == 0` is greedy (as is `top_k == 1`); `top_k = 0` and `top_p = 1` disable the
     filters; all of them and `eos_id` may be traced. `num_decodes` independent samples per
@@ -183,11 +131,12 @@ def temperature_sample(
         if not greedy:
             raise ValueError("sampling needs an `rng`")
         rng = jax.random.PRNGKey(0)
-    logits, cache, _, size = _start(model, params, batch, max_decode_length, num_decodes)
+    size = logits.shape[0]
+    logits, cache = _repeat(logits, cache, cache_axes, num_decodes)
     rows = logits.shape[0]
 
-    def body(state):
-        step, tokens, lengths, log_probs, done, logits, cache = state
+    def body(state: SamplingState) -> SamplingState:
+        logits, done, step = state.logits, state.done, state.step
         if greedy:
             token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         else:
@@ -197,58 +146,63 @@ def temperature_sample(
             token = jnp.where(heat > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
         token = jnp.where(done, PAD_ID, token)
         token_lp = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=1)[:, 0]
-        log_probs = log_probs + jnp.where(done, 0.0, token_lp)
-        lengths = lengths + (~done).astype(jnp.int32)
-        tokens = tokens.at[:, step].set(token)
+        log_probs = state.log_probs + jnp.where(done, 0.0, token_lp)
+        lengths = state.lengths + (~done).astype(jnp.int32)
+        tokens = state.tokens.at[:, step].set(token)
         done = done | (token == eos_id)
-        logits, cache = model.decode_step(params, cache, token)
-        return step + 1, tokens, lengths, log_probs, done, logits, cache
+        logits, cache = tokens_to_logits(token, state.cache)
+        return SamplingState(step=step + 1, tokens=tokens, lengths=lengths,
+                             log_probs=log_probs, done=done, logits=logits, cache=cache)
 
-    def cond(state):
-        step, done = state[0], state[4]
-        return (step < max_decode_length) & ~jnp.all(done)
+    def cond(state: SamplingState) -> jax.Array:
+        return (state.step < max_decode_length) & ~jnp.all(state.done)
 
-    state = (
-        jnp.int32(0),
-        jnp.zeros((rows, max_decode_length), jnp.int32),
-        jnp.zeros((rows,), jnp.int32),
-        jnp.zeros((rows,), jnp.float32),
-        jnp.zeros((rows,), bool),
-        logits,
-        cache,
+    state = SamplingState(
+        step=jnp.int32(0),
+        tokens=jnp.zeros((rows, max_decode_length), jnp.int32),
+        lengths=jnp.zeros((rows,), jnp.int32),
+        log_probs=jnp.zeros((rows,), jnp.float32),
+        done=jnp.zeros((rows,), bool),
+        logits=logits,
+        cache=cache,
     )
-    _, tokens, lengths, log_probs, _, _, _ = jax.lax.while_loop(cond, body, state)
-    return _finish(tokens, lengths, log_probs, log_probs, size)
+    final = jax.lax.while_loop(cond, body, state)
+    return _sorted(final.tokens, final.lengths, final.log_probs, final.log_probs, size)
 
 
 def greedy_decode(
-    model: BaseModel,
-    params: Any,
-    batch: Batch,
+    logits: jax.Array,
+    cache: Any,
+    tokens_to_logits: TokensToLogits,
     *,
     max_decode_length: int,
+    cache_axes: Any = None,
     eos_id: int | jax.Array = EOS_ID,
 ) -> dict[str, jax.Array]:
     """Argmax decoding (one decode per example). Returns the module-doc dict, N = 1."""
-    return temperature_sample(
-        model, params, batch, max_decode_length=max_decode_length, temperature=0.0, eos_id=eos_id
-    )
+    return temperature_sample(logits, cache, tokens_to_logits, cache_axes=cache_axes,
+                              max_decode_length=max_decode_length, temperature=0.0,
+                              eos_id=eos_id)
 
 
 # Scoring a closed set of continuations (rank classification) --------------------------------
-@functools.partial(jax.jit, static_argnames=("model",))
-def score_candidates(model: BaseModel, params: Any, batch: Batch,
-                     candidates: jax.Array) -> jax.Array:
+def score_continuations(
+    logits: jax.Array,
+    cache: Any,
+    tokens_to_logits: TokensToLogits,
+    candidates: jax.Array,
+    *,
+    cache_axes: Any = None,
+) -> jax.Array:
     """Log-likelihood `[B, C]` of each of C continuations shared by all B prompts.
 
-    `batch` is a prompt as for `decode`; `candidates [C, T]` are token ids (each ending with
-    EOS, right-padded with 0; padding is not scored). Prefills each prompt once, copies the
-    cache C times and teacher-forces the candidates through `decode_step`: the cost of T
-    decode steps on B*C rows instead of B*C full forward passes. Equals `model.score` of the
-    concatenated examples (tested), which is what T5X's rank classification computes.
+    `candidates [C, T]` are token ids (right-padded with 0; padding is not scored). Copies each
+    prompt's cache C times and teacher-forces the candidates through `tokens_to_logits`: the
+    cost of T steps on B*C rows instead of B*C full forward passes.
     """
-    num, length = candidates.shape
-    logits, cache, _, size = _start(model, params, batch, length, num)
+    num = candidates.shape[0]
+    size = logits.shape[0]
+    logits, cache = _repeat(logits, cache, cache_axes, num)
     forced = jnp.tile(jnp.asarray(candidates, jnp.int32), (size, 1))  # row b*C + c: candidate c
 
     def step(carry, tokens):
@@ -256,7 +210,7 @@ def score_candidates(model: BaseModel, params: Any, batch: Batch,
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
         total = total + jnp.where(tokens > 0, picked, 0.0)
-        logits, cache = model.decode_step(params, cache, tokens)
+        logits, cache = tokens_to_logits(tokens, cache)
         return (logits, cache, total), None
 
     start = (logits, cache, jnp.zeros((size * num,), jnp.float32))
@@ -265,19 +219,37 @@ def score_candidates(model: BaseModel, params: Any, batch: Batch,
 
 
 # Beam search -----------------------------------------------------------------------------------
+@flax.struct.dataclass
+class BeamState:
+    """`beam_search`'s loop state: K alive beams and the K best finished sequences per example."""
+
+    step: jax.Array                # [] int32: the output position written next
+    alive_seqs: jax.Array          # [batch, beams, max_decode_length] int32
+    alive_log_probs: jax.Array     # [batch, beams] float32; NEG_INF: no such beam
+    finished_seqs: jax.Array       # [batch, beams, max_decode_length] int32
+    finished_scores: jax.Array     # [batch, beams] float32 log-prob / length penalty; NEG_INF: none
+    finished_log_probs: jax.Array  # [batch, beams] float32
+    finished_lengths: jax.Array    # [batch, beams] int32, up to and including EOS
+    logits: jax.Array              # [batch * beams, vocab] next-token logits of the alive beams
+    cache: Any                     # the caller's cache, batch * beams rows along `cache_axes`
+    settled: jax.Array             # [] bool: no alive beam can beat any example's worst finished
+
+
 def beam_search(
-    model: BaseModel,
-    params: Any,
-    batch: Batch,
+    logits: jax.Array,
+    cache: Any,
+    tokens_to_logits: TokensToLogits,
     *,
     max_decode_length: int,
+    cache_axes: Any = None,
     num_beams: int = 4,
     num_decodes: int | None = None,
     alpha: float | jax.Array = 0.6,
     eos_id: int | jax.Array = EOS_ID,
 ) -> dict[str, jax.Array]:
-    """Beam search with length penalty `((5 + len) / 6) ** alpha`; returns the best
-    `num_decodes` (default `num_beams`) finished sequences per example.
+    """Beam search with length penalty `((5 + len) / 6) ** alpha` from the next-token
+    `logits [B, V]` and `cache` of B prompts; returns the best `num_decodes` (default
+    `num_beams`) finished sequences per example.
 
     Each step extends every alive beam `[B, K]` by every token, keeps the top 2K candidates,
     moves those ending in EOS (and, at the last step, all of them) into the finished set (top K
@@ -289,108 +261,76 @@ def beam_search(
     if not 1 <= n <= k:
         raise ValueError(f"num_decodes={n} must be in [1, num_beams={k}]")
     length = max_decode_length
-    logits, cache, axes, size = _start(model, params, batch, length, k)
+    size = logits.shape[0]
+    logits, cache = _repeat(logits, cache, cache_axes, k)
     vocab = logits.shape[-1]
     first_beam = jnp.arange(k) == 0  # all K beams start identical: keep one alive
-    alive_lp = jnp.broadcast_to(jnp.where(first_beam, 0.0, NEG_INF), (size, k))
     seqs = jnp.zeros((size, k, length), jnp.int32)
-    fin = (
-        seqs,
-        jnp.full((size, k), NEG_INF),
-        jnp.zeros((size, k), jnp.float32),
-        jnp.zeros((size, k), jnp.int32),
-    )  # tokens, scores, log_probs, lengths
 
-    def body(state):
-        step, seqs, alive_lp, fin, logits, cache, _ = state
-        cand = alive_lp[..., None] + jax.nn.log_softmax(logits).reshape(size, k, vocab)
+    def body(state: BeamState) -> BeamState:
+        step, seqs = state.step, state.alive_seqs
+        lp = jax.nn.log_softmax(state.logits).reshape(size, k, vocab)
+        cand = state.alive_log_probs[..., None] + lp
         top_lp, top_idx = jax.lax.top_k(cand.reshape(size, k * vocab), 2 * k)
         parent, token = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
         top_seqs = jnp.take_along_axis(seqs, parent[..., None], axis=1).at[:, :, step].set(token)
         ends = (token == eos_id) | (step == length - 1)
         penalty = length_penalty(step + 1, alpha)
         new_scores = jnp.where(ends & (top_lp > NEG_INF / 2), top_lp / penalty, NEG_INF)
-        merged = (
-            jnp.concatenate([fin[0], top_seqs], axis=1),
-            jnp.concatenate([fin[1], new_scores], axis=1),
-            jnp.concatenate([fin[2], top_lp], axis=1),
-            jnp.concatenate([fin[3], jnp.full_like(token, step + 1)], axis=1),
+        merged = (  # the K finished so far and the 2K candidates (scored if they end here)
+            jnp.concatenate([state.finished_seqs, top_seqs], axis=1),
+            jnp.concatenate([state.finished_scores, new_scores], axis=1),
+            jnp.concatenate([state.finished_log_probs, top_lp], axis=1),
+            jnp.concatenate([state.finished_lengths, jnp.full_like(token, step + 1)], axis=1),
         )
         best = jax.lax.top_k(merged[1], k)[1]
-        fin = tuple(
+        fin_seqs, fin_scores, fin_lp, fin_lengths = (
             jnp.take_along_axis(x, best.reshape(*best.shape, *[1] * (x.ndim - 2)), axis=1)
             for x in merged
         )
         alive_lp, keep = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
         seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
         rows = (jnp.arange(size)[:, None] * k + jnp.take_along_axis(parent, keep, axis=1)).ravel()
-        cache = _take(cache, axes, rows)
+        cache = gather_rows(state.cache, cache_axes, rows)
         tokens = jnp.take_along_axis(token, keep, axis=1).ravel()
-        logits, cache = model.decode_step(params, cache, tokens)
+        logits, cache = tokens_to_logits(tokens, cache)
         # Log-probs only fall, so an alive beam's best final score is its log-prob over the
         # largest penalty it can still reach (at the next step or at the maximum length).
         reach = jnp.maximum(length_penalty(step + 2, alpha), length_penalty(length, alpha))
-        settled = jnp.all(jnp.max(alive_lp, axis=1) / reach <= jnp.min(fin[1], axis=1))
-        return step + 1, seqs, alive_lp, fin, logits, cache, settled
+        settled = jnp.all(jnp.max(alive_lp, axis=1) / reach <= jnp.min(fin_scores, axis=1))
+        return BeamState(step=step + 1, alive_seqs=seqs, alive_log_probs=alive_lp,
+                         finished_seqs=fin_seqs, finished_scores=fin_scores,
+                         finished_log_probs=fin_lp, finished_lengths=fin_lengths,
+                         logits=logits, cache=cache, settled=settled)
 
-    def cond(state):
-        return (state[0] < length) & ~state[6]
+    def cond(state: BeamState) -> jax.Array:
+        return (state.step < length) & ~state.settled
 
-    state = (jnp.int32(0), seqs, alive_lp, fin, logits, cache, jnp.bool_(False))
-    fin = jax.lax.while_loop(cond, body, state)[3]
-    out = {"tokens": fin[0], "scores": fin[1], "log_probs": fin[2], "lengths": fin[3]}
+    state = BeamState(
+        step=jnp.int32(0),
+        alive_seqs=seqs,
+        alive_log_probs=jnp.broadcast_to(jnp.where(first_beam, 0.0, NEG_INF), (size, k)),
+        finished_seqs=seqs,
+        finished_scores=jnp.full((size, k), NEG_INF),
+        finished_log_probs=jnp.zeros((size, k), jnp.float32),
+        finished_lengths=jnp.zeros((size, k), jnp.int32),
+        logits=logits,
+        cache=cache,
+        settled=jnp.bool_(False),
+    )
+    final = jax.lax.while_loop(cond, body, state)
+    out = {"tokens": final.finished_seqs, "scores": final.finished_scores,
+           "log_probs": final.finished_log_probs, "lengths": final.finished_lengths}
     return {key: value[:, :n] for key, value in out.items()}
 
 
-# Entry point -----------------------------------------------------------------------------------
-DYNAMIC = {
-    "greedy": {},
-    "sample": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
-    "beam": {"alpha": 0.6},
-}
+# Entry points kept for callers of the model-level API ------------------------------------------
+def decode(model: Any, params: Any, batch: Batch, **kwargs: Any) -> dict[str, jax.Array]:
+    """`model.decode(params, batch, **kwargs)` (see `BaseModel.decode`)."""
+    return model.decode(params, batch, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "method", "options"))
-def _decode_jit(
-    model: BaseModel,
-    params: Any,
-    batch: Batch,
-    rng: jax.Array | None,
-    dynamic: dict[str, jax.Array],
-    method: str,
-    options: tuple,
-) -> dict[str, jax.Array]:
-    kwargs = {**dict(options), **dynamic}
-    if method == "greedy":
-        return greedy_decode(model, params, batch, **kwargs)
-    if method == "sample":
-        return temperature_sample(model, params, batch, rng=rng, **kwargs)
-    return beam_search(model, params, batch, **kwargs)
-
-
-def decode(
-    model: BaseModel,
-    params: Any,
-    batch: Batch,
-    *,
-    method: str = "greedy",
-    max_decode_length: int,
-    rng: jax.Array | None = None,
-    **options: Any,
-) -> dict[str, jax.Array]:
-    """Jitted decoding: `method` is 'greedy', 'sample' (`temperature`, `top_k`, `top_p`,
-    `num_decodes`) or 'beam' (`num_beams`, `num_decodes`, `alpha`); all take `eos_id`.
-
-    Returns `tokens [B, N, L]`, `lengths [B, N]`, `log_probs [B, N]`, `scores [B, N]` (see the
-    module docstring). Compiled once per model, method, input shapes and static option
-    (`max_decode_length`, `num_decodes`, `num_beams`); `temperature`, `top_k`, `top_p`,
-    `alpha` and `eos_id` are traced, so changing them does not recompile.
-    """
-    if method not in ("greedy", "sample", "beam"):
-        raise ValueError(f"unknown decoding method {method!r}: 'greedy', 'sample' or 'beam'")
-    options["max_decode_length"] = max_decode_length
-    dynamic = {**DYNAMIC[method], "eos_id": EOS_ID}
-    dynamic = {k: jnp.asarray(options.pop(k, v)) for k, v in dynamic.items()}
-    batch = {key: jnp.asarray(value) for key, value in batch.items()}
-    static = tuple(sorted(options.items()))
-    return _decode_jit(model, params, batch, rng, dynamic, method, static)
+def score_candidates(model: Any, params: Any, batch: Batch,
+                     candidates: jax.Array) -> jax.Array:
+    """`model.score_candidates(params, batch, candidates)` (see `BaseModel.score_candidates`)."""
+    return model.score_candidates(params, batch, candidates)

@@ -1,4 +1,4 @@
-"""Model API shared by all families: init, logits, loss, score, FLOPs and decoding hooks.
+"""Model API shared by all families: init, logits, loss, score, FLOPs and decoding.
 
 The trainer, evaluation and sweeps call only `BaseModel` methods, so they never branch on the
 architecture. Batches are the SeqIO feature-converter dicts of DESIGN.md.
@@ -8,11 +8,14 @@ Decoding: the 'cache' collection holds, per decoder self-attention layer, `cache
 encoder's K/V (computed once); and `cache_index [B]` (the next position of each example).
 `prefill` runs a prompt through the model once (prefix-LM prompts with their fully-visible
 prefix) and returns its logits and the cache; `decode_step` feeds one token per example.
+`decode` and `score_candidates` build the prompt (`decode_prompt`), prefill it and run the
+model-agnostic algorithms of `models/decoding.py` with `decode_step` as `tokens_to_logits`.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +25,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models.config import TransformerConfig
+from t5x_like.models import decoding
+from t5x_like.models.config import EOS_ID, TransformerConfig
 from t5x_like.models.transformer import DecoderOnly, EncoderDecoder
 
 Batch = Mapping[str, Any]
@@ -75,10 +79,41 @@ class BaseModel(abc.ABC):
         """Implemented per family."""
 
     @abc.abstractmethod
-    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        """Implemented per family."""
+    def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
+        """The `prefill` batch of a decoding request (see `models/decoding.py`'s docstring):
+        prompt tokens `decoder_input_tokens [B, P]`, `prompt_lengths [B]` and the family's
+        extras (`encoder_input_tokens`, `decoder_causal_attention`)."""
+
+    @abc.abstractmethod
+    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
+                          ) -> dict[str, int]:
+        """Feature name -> length of this family's batches (DESIGN.md "Batches")."""
+
+    @abc.abstractmethod
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """Training FLOPs (forward + backward) of one example by part: `matmuls` (the layers'
+        weight matmuls), `attention` (scores and mixing) and `output` (the logits layer)."""
+
+    # Family properties -----------------------------------------------------------------------
+    @property
+    def has_encoder(self) -> bool:
+        """True for encoder-decoders (inputs are encoded, not part of the decoder's sequence)."""
+        return self.config.has_encoder
 
     # Shared API ------------------------------------------------------------------------------
+    def example_batch(self, batch_size: int = 1, sequence_length: Mapping[str, int] | None = None,
+                      *, packed: bool = False) -> dict[str, jax.Array]:
+        """An all-zero int32 batch `[batch_size, length]` of this family's features for the task
+        lengths `sequence_length` (default 4 each), with `decoder_loss_weights` and, when
+        `packed`, segment ids and positions: for init and shape inference."""
+        lengths = {"inputs": 4, "targets": 4} if sequence_length is None else sequence_length
+        features = self._example_features(lengths, packed)
+        return {k: jnp.zeros((batch_size, n), jnp.int32) for k, n in features.items()}
+
+    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
+        """Analytic training FLOPs of one example: the sum of `flops_breakdown` (for MFU)."""
+        return float(sum(self.flops_breakdown(sequence_length).values()))
+
     def init_variables(self, rng: jax.Array, batch: Batch) -> dict:
         """Boxed parameters `{'params': ...}` (logical axis metadata; use `nn.unbox` for arrays)."""
         args, kwargs = self._module_inputs(batch)
@@ -169,6 +204,96 @@ class BaseModel(abc.ABC):
     def _decode_method(self) -> dict:
         return {}
 
+    def decode(self, params: Params, batch: Batch, *, method: str = "greedy",
+               max_decode_length: int, rng: jax.Array | None = None,
+               **options: Any) -> dict[str, jax.Array]:
+        """Jitted decoding of the prompts in `batch` (see `decode_prompt`): `method` is
+        'greedy', 'sample' (`temperature`, `top_k`, `top_p`, `num_decodes`) or 'beam'
+        (`num_beams`, `num_decodes`, `alpha`); all take `eos_id`.
+
+        Returns `tokens [B, N, L]`, `lengths [B, N]`, `log_probs [B, N]`, `scores [B, N]` (see
+        `models/decoding.py`). Compiled once per model, method, input shapes and static option
+        (`max_decode_length`, `num_decodes`, `num_beams`); `temperature`, `top_k`, `top_p`,
+        `alpha` and `eos_id` are traced, so changing them does not recompile.
+        """
+        if method not in _DECODE_DYNAMIC:
+            raise ValueError(f"unknown decoding method {method!r}: 'greedy', 'sample' or 'beam'")
+        options["max_decode_length"] = max_decode_length
+        dynamic = {**_DECODE_DYNAMIC[method], "eos_id": EOS_ID}
+        dynamic = {k: jnp.asarray(options.pop(k, v)) for k, v in dynamic.items()}
+        batch = {key: jnp.asarray(value) for key, value in batch.items()}
+        static = tuple(sorted(options.items()))
+        return _decode_jit(self, params, batch, rng, dynamic, method, static)
+
+    def score_candidates(self, params: Params, batch: Batch, candidates: jax.Array) -> jax.Array:
+        """Log-likelihood `[B, C]` of each of C continuations shared by all B prompts (jitted).
+
+        `batch` is a prompt as for `decode`; `candidates [C, T]` are token ids (each ending with
+        EOS, right-padded with 0; padding is not scored). Prefills each prompt once and
+        teacher-forces the candidates on C copies of its cache. Equals `score` of the
+        concatenated examples (tested), which is what T5X's rank classification computes.
+        """
+        return _score_candidates_jit(self, params, batch, candidates)
+
+    def _decoding_start(self, params: Params, batch: Batch, max_decode_length: int
+                        ) -> tuple[jax.Array, Cache, Any]:
+        """Prefills the prompts of `batch` for `max_decode_length` more tokens; returns the
+        next-token logits `[B, V]`, the cache and its batch axes (`decoding.gather_rows`)."""
+        prompt = self.decode_prompt(batch)
+        width = prompt["decoder_input_tokens"].shape[1]
+        cache_length = width + max_decode_length
+        logits, cache = self.prefill(params, prompt, cache_length)
+        last = jnp.take_along_axis(logits, (prompt["prompt_lengths"] - 1)[:, None, None], axis=1)
+        return last[:, 0], cache, self._cache_batch_axes(params, prompt, cache_length)
+
+    def _cache_batch_axes(self, params: Params, prompt: Batch, cache_length: int) -> Any:
+        """Per cache leaf, the axis that grows with the batch (None for batch-free leaves).
+
+        Found from two abstract `prefill`s (batch 1 and 2), so layouts such as scanned layers'
+        leading `[layers, B, ...]` axis need no special-casing.
+        """
+
+        def shapes(size: int) -> Any:
+            spec = {k: jax.ShapeDtypeStruct((size, *v.shape[1:]), v.dtype)
+                    for k, v in prompt.items()}
+            return jax.eval_shape(lambda p, b: self.prefill(p, b, cache_length)[1], params, spec)
+
+        def axis(a: jax.ShapeDtypeStruct, b: jax.ShapeDtypeStruct) -> int | None:
+            diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
+            return diff[0] if diff else None
+
+        return jax.tree.map(axis, shapes(1), shapes(2))
+
+
+#: Traced decoding options per method and their defaults (changing them does not recompile).
+_DECODE_DYNAMIC = {
+    "greedy": {},
+    "sample": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    "beam": {"alpha": 0.6},
+}
+
+
+@functools.partial(jax.jit, static_argnames=("model", "method", "options"))
+def _decode_jit(model: BaseModel, params: Params, batch: Batch, rng: jax.Array | None,
+                dynamic: dict[str, jax.Array], method: str, options: tuple) -> dict:
+    kwargs = {**dict(options), **dynamic}
+    logits, cache, axes = model._decoding_start(params, batch, kwargs["max_decode_length"])
+    step = lambda tokens, cache: model.decode_step(params, cache, tokens)
+    if method == "greedy":
+        return decoding.greedy_decode(logits, cache, step, cache_axes=axes, **kwargs)
+    if method == "sample":
+        return decoding.temperature_sample(logits, cache, step, cache_axes=axes, rng=rng,
+                                           **kwargs)
+    return decoding.beam_search(logits, cache, step, cache_axes=axes, **kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _score_candidates_jit(model: BaseModel, params: Params, batch: Batch,
+                          candidates: jax.Array) -> jax.Array:
+    logits, cache, axes = model._decoding_start(params, batch, candidates.shape[1])
+    step = lambda tokens, cache: model.decode_step(params, cache, tokens)
+    return decoding.score_continuations(logits, cache, step, candidates, cache_axes=axes)
+
 
 def _weights(batch: Batch) -> jax.Array:
     if "decoder_loss_weights" in batch:
@@ -200,6 +325,25 @@ class EncoderDecoderModel(BaseModel):
         )
         return (enc, jnp.asarray(batch["decoder_input_tokens"], jnp.int32)), kwargs
 
+    def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
+        """Encoder inputs; the decoder starts from BOS, or from a forced decoder prompt
+        `decoder_input_tokens` (BOS + forced tokens, lengths `prompt_lengths`, default all)."""
+        enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        size = enc.shape[0]
+        if "decoder_input_tokens" not in batch:
+            return {
+                "encoder_input_tokens": enc,
+                "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
+                "prompt_lengths": jnp.ones((size,), jnp.int32),
+            }
+        forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
+        lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
+        return {
+            "encoder_input_tokens": enc,
+            "decoder_input_tokens": forced,
+            "prompt_lengths": jnp.asarray(lengths, jnp.int32),
+        }
+
     def _prefill_apply(self, params, batch, max_decode_length):
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         enc_seg = (enc > 0).astype(jnp.int32)
@@ -220,22 +364,32 @@ class EncoderDecoderModel(BaseModel):
     def _decode_method(self) -> dict:
         return {"method": EncoderDecoder.decode}
 
-    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        """Training FLOPs (forward + backward) for one `{'inputs': Li, 'targets': Lt}` example.
+    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
+                          ) -> dict[str, int]:
+        li = sequence_length["inputs"]
+        features = {"encoder_input_tokens": li}
+        if packed:
+            features.update(encoder_segment_ids=li, encoder_positions=li)
+        return {**features, **_decoder_features(sequence_length["targets"], packed)}
 
-        6·(params used)·(tokens) for every matmul — encoder layers on Li tokens, decoder layers
-        on Lt, cross-attention K/V projections on Li, the output layer on Lt — plus the
-        attention scores and mixing, 12·heads·head_dim·Lq·Lk per layer (full, unmasked
-        matrices: what the XLA path computes). Remat recomputation is not counted.
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """For one `{'inputs': Li, 'targets': Lt}` example: 6·(params used)·(tokens) for every
+        matmul — encoder layers on Li tokens, decoder layers on Lt, cross-attention K/V
+        projections on Li, the output layer on Lt — plus the attention scores and mixing,
+        12·heads·head_dim·Lq·Lk per layer (full, unmasked matrices: what the XLA path
+        computes). Remat recomputation is not counted.
         """
         cfg = self.config
         li, lt = sequence_length["inputs"], sequence_length["targets"]
         q_out, kv, mlp = _layer_matmul_params(cfg)
         hd = cfg.num_heads * cfg.head_dim
-        enc = cfg.num_encoder_layers * (6 * li * (q_out + kv + mlp) + 12 * hd * li * li)
-        dec_layer = 6 * lt * (2 * q_out + kv + mlp) + 6 * li * kv + 12 * hd * (lt * lt + lt * li)
-        out = 6 * lt * cfg.emb_dim * cfg.vocab_size
-        return float(enc + cfg.num_decoder_layers * dec_layer + out)
+        return {
+            "matmuls": cfg.num_encoder_layers * 6 * li * (q_out + kv + mlp)
+            + cfg.num_decoder_layers * (6 * lt * (2 * q_out + kv + mlp) + 6 * li * kv),
+            "attention": cfg.num_encoder_layers * 12 * hd * li * li
+            + cfg.num_decoder_layers * 12 * hd * (lt * lt + lt * li),
+            "output": 6 * lt * cfg.emb_dim * cfg.vocab_size,
+        }
 
 
 class DecoderOnlyModel(BaseModel):
@@ -259,6 +413,25 @@ class DecoderOnlyModel(BaseModel):
         )
         return (jnp.asarray(batch["decoder_input_tokens"], jnp.int32),), kwargs
 
+    def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
+        """The prompt `decoder_input_tokens`; its lengths from `prompt_lengths`, else
+        `sum(decoder_causal_attention)`, else its width. Prefix LMs also get
+        `decoder_causal_attention` (default: 1 on the whole prompt); causal LMs ignore it."""
+        tokens = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
+        size, width = tokens.shape
+        if "prompt_lengths" in batch:
+            lengths = jnp.asarray(batch["prompt_lengths"], jnp.int32)
+        elif "decoder_causal_attention" in batch:
+            lengths = jnp.sum(jnp.asarray(batch["decoder_causal_attention"], jnp.int32), axis=1)
+        else:
+            lengths = jnp.full((size,), width, jnp.int32)
+        prompt = {"decoder_input_tokens": tokens, "prompt_lengths": lengths}
+        if self.family == "prefix_lm":
+            visible = jnp.arange(width)[None] < lengths[:, None]
+            causal = batch.get("decoder_causal_attention", visible.astype(jnp.int32))
+            prompt["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
+        return prompt
+
     def _prefill_apply(self, params, batch, max_decode_length):
         return self.module.apply(
             {"params": params},
@@ -270,17 +443,28 @@ class DecoderOnlyModel(BaseModel):
             mutable=["cache"],
         )
 
-    def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
-        """Training FLOPs for one sequence of L = inputs + targets tokens (PaLM appendix B):
-        6·N·L for the layers' matmuls, 12·layers·heads·head_dim·L² for attention (full
-        matrices, as computed), 6·L·emb_dim·vocab for the output layer.
+    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
+                          ) -> dict[str, int]:
+        length = sum(sequence_length.values())
+        features = _decoder_features(length, packed)
+        if self.family == "prefix_lm":
+            features["decoder_causal_attention"] = length
+        return features
+
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """For one sequence of L = inputs + targets tokens (PaLM appendix B): 6·N·L for the
+        layers' matmuls, 12·layers·heads·head_dim·L² for attention (full matrices, as
+        computed), 6·L·emb_dim·vocab for the output layer.
         """
         cfg = self.config
         length = sequence_length.get("inputs", 0) + sequence_length["targets"]
         q_out, kv, mlp = _layer_matmul_params(cfg)
         hd = cfg.num_heads * cfg.head_dim
-        layer = 6 * length * (q_out + kv + mlp) + 12 * hd * length * length
-        return float(cfg.num_decoder_layers * layer + 6 * length * cfg.emb_dim * cfg.vocab_size)
+        return {
+            "matmuls": cfg.num_decoder_layers * 6 * length * (q_out + kv + mlp),
+            "attention": cfg.num_decoder_layers * 12 * hd * length * length,
+            "output": 6 * length * cfg.emb_dim * cfg.vocab_size,
+        }
 
 
 def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
@@ -291,21 +475,17 @@ def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
     return q_out, kv, mlp
 
 
-def dummy_batch(config: TransformerConfig, batch_size: int = 1, length: int = 8) -> dict:
-    """A minimal all-ones batch of the family's features (for init and shape inference)."""
-    ones = jnp.ones((batch_size, length), jnp.int32)
-    batch = {"decoder_input_tokens": ones, "decoder_target_tokens": ones}
-    if config.family == "encoder_decoder":
-        batch["encoder_input_tokens"] = ones
-    if config.family == "prefix_lm":
-        batch["decoder_causal_attention"] = ones
-    return batch
+def _decoder_features(length: int, packed: bool) -> dict[str, int]:
+    names = ["decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights"]
+    if packed:
+        names += ["decoder_segment_ids", "decoder_positions"]
+    return dict.fromkeys(names, length)
 
 
 def parameter_count(config: TransformerConfig) -> int:
     """Number of parameters, from `jax.eval_shape` (nothing is allocated)."""
     model = make_model(config)
-    init = lambda rng: nn.unbox(model.init_variables(rng, dummy_batch(config))["params"])
+    init = lambda rng: nn.unbox(model.init_variables(rng, model.example_batch())["params"])
     shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
     return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
 

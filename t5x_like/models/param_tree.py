@@ -70,21 +70,12 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def dummy_batch(config: TransformerConfig, length: int = 4) -> dict[str, np.ndarray]:
-    """The smallest batch `init_variables` accepts for `config.family`."""
-    ones = np.ones((1, length), np.int32)
-    batch = {"decoder_input_tokens": ones, "decoder_target_tokens": ones}
-    if config.family == "encoder_decoder":
-        batch["encoder_input_tokens"] = ones
-    return batch
-
-
 def param_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """Flat path -> shape of the parameters `make_model(config)` creates (nothing allocated)."""
     from t5x_like.models.model import make_model
 
     model = make_model(config)
-    batch = dummy_batch(config)
+    batch = model.example_batch()
     abstract = jax.eval_shape(lambda: model.init_variables(jax.random.PRNGKey(0), batch))
     return {path: tuple(leaf.shape) for path, leaf in walk(nn.unbox(abstract["params"]))}
 

@@ -113,15 +113,8 @@ def split_row(entries: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def architecture_slug(cfg: object) -> str:
-    """A short name of a TransformerConfig's architecture, e.g. encdec_2x2, encdec_shared_2x2,
-    lm_2L (causal decoder-only over inputs+targets), prefixlm_2L, decoderonly_4L."""
-    dec = cfg.num_decoder_layers
-    if cfg.family == "encoder_decoder":
-        shared = "_shared" if cfg.shared_encoder_decoder else ""
-        return f"encdec{shared}_{cfg.num_encoder_layers}x{dec}"
-    if cfg.family == "prefix_lm":
-        return f"{'prefixlm' if cfg.decoder_prefix_attention else 'lm'}_{dec}L"
-    return f"{cfg.family.replace('_', '')}_{dec}L"
+    """A short name of a TransformerConfig's architecture (`TransformerConfig.slug`)."""
+    return cfg.slug
 
 
 def corpus_task(task: str, corpus: str) -> str:

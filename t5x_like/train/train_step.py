@@ -26,33 +26,6 @@ NONFINITE_POLICIES = ("stop", "skip")
 _SUM_METRICS = ("num_tokens",)
 
 
-def dummy_batch(
-    family: str, sequence_length: Mapping[str, int], batch_size: int, packed: bool
-) -> dict[str, jax.Array]:
-    """A zero batch with the DESIGN.md feature names for ``family`` (used to build params)."""
-    z = lambda n: jnp.zeros((batch_size, n), jnp.int32)
-    if family == "encoder_decoder":
-        li, lt = sequence_length["inputs"], sequence_length["targets"]
-        batch = {"encoder_input_tokens": z(li)}
-        dec_len = lt
-        if packed:
-            batch.update(encoder_segment_ids=z(li), encoder_positions=z(li))
-    elif family in ("decoder_only", "prefix_lm"):
-        dec_len = sum(sequence_length.values())
-        batch = {}
-        if family == "prefix_lm":
-            batch["decoder_causal_attention"] = z(dec_len)
-    else:
-        raise ValueError(f"unknown model family {family!r}")
-    batch.update(
-        decoder_target_tokens=z(dec_len), decoder_input_tokens=z(dec_len),
-        decoder_loss_weights=z(dec_len),
-    )
-    if packed:
-        batch.update(decoder_segment_ids=z(dec_len), decoder_positions=z(dec_len))
-    return batch
-
-
 @dataclasses.dataclass
 class ShardedState:
     """Abstract state (ShapeDtypeStructs with shardings) and the pieces needed to build it."""

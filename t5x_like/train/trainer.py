@@ -281,7 +281,7 @@ def train(
     writer.console(f"[t5x_like.train] {P.describe(mesh)}; {jax.process_count()} process(es); "
                    f"model_dir {model_dir}")
 
-    plan = S.plan_state(model, optimizer, S.dummy_batch(family, sequence_length, shards, pack),
+    plan = S.plan_state(model, optimizer, model.example_batch(shards, sequence_length, packed=pack),
                         mesh, rules)
     checkpointer = C.Checkpointer(model_dir, save_interval_steps=checkpoint_every,
                                   keep=keep_checkpoints, async_save=async_checkpointing)

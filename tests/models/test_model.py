@@ -113,6 +113,31 @@ def test_flops_per_sequence_matches_xla_cost_analysis(case):
     assert model.flops_per_sequence(lengths) == pytest.approx(xla, rel=0.05)
 
 
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only", "prefix_lm"])
+def test_example_batch_has_the_family_features(family):
+    model = make_model(TransformerConfig(family=family))
+    lengths = {"inputs": 6, "targets": 3}
+    batch = model.example_batch(2, lengths, packed=True)
+    decoder = ["decoder_input_tokens", "decoder_loss_weights", "decoder_positions",
+               "decoder_segment_ids", "decoder_target_tokens"]
+    if family == "encoder_decoder":
+        expected = {**dict.fromkeys(decoder, 3), "encoder_input_tokens": 6,
+                    "encoder_positions": 6, "encoder_segment_ids": 6}
+    else:
+        expected = dict.fromkeys(decoder, 9)
+        if family == "prefix_lm":
+            expected["decoder_causal_attention"] = 9
+    assert {k: v.shape for k, v in batch.items()} == {k: (2, n) for k, n in expected.items()}
+    assert all(v.dtype == jnp.int32 and not v.any() for v in batch.values())
+    assert set(model.example_batch()) == {k for k in expected if not k.endswith(
+        ("_segment_ids", "_positions"))}
+    parts = model.flops_breakdown(lengths)
+    assert set(parts) == {"matmuls", "attention", "output"}
+    assert model.flops_per_sequence(lengths) == float(sum(parts.values()))
+    assert model.has_encoder == (family == "encoder_decoder")
+
+
 def test_tiny_model_overfits_a_fixed_batch():
     _, model, _, params, _ = setup("t5_v1_1")  # 2+2 layers, d_model 32, vocab 64
     batch = make_batch(model.config, seed=10, packed=True)

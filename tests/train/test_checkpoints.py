@@ -25,7 +25,7 @@ def _setup(mesh_shape, preset, **cfg):
     rules = P.logical_axis_rules(preset)
     model = make_model(tiny_config(vocab_size=128, **cfg))
     opt = create_optimizer("adafactor")
-    plan = S.plan_state(model, opt, S.dummy_batch("encoder_decoder", SEQ, 4, True), mesh, rules)
+    plan = S.plan_state(model, opt, model.example_batch(4, SEQ, packed=True), mesh, rules)
     return model, opt, mesh, rules, plan
 
 

@@ -31,7 +31,7 @@ def _one_step(batch, mesh_shape, preset):
     rules = P.logical_axis_rules(preset)
     model = make_model(tiny_config())
     opt = create_optimizer("adafactor")
-    plan = S.plan_state(model, opt, S.dummy_batch("encoder_decoder", SEQ, 8, True), mesh, rules)
+    plan = S.plan_state(model, opt, model.example_batch(8, SEQ, packed=True), mesh, rules)
     state = S.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     losses = []

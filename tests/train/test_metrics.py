@@ -57,7 +57,7 @@ def test_step_flops_match_xla_cost_analysis(family) -> None:
     mesh = P.create_mesh((1, 1, 1), devices=jax.devices()[:1])
     rules = P.logical_axis_rules("data_parallel")
     opt = create_optimizer("adafactor")
-    batch = S.dummy_batch(family, seq, 4, packed=False)
+    batch = model.example_batch(4, seq)
     plan = S.plan_state(model, opt, batch, mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     batch = {k: np.ones(v.shape, np.int32) for k, v in batch.items()}

@@ -75,7 +75,7 @@ def test_gradient_accumulation_equals_full_batch_update() -> None:
     rules = P.logical_axis_rules("fsdp")
     model = ToyModel()
     opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    plan = S.plan_state(model, opt, S.dummy_batch("decoder_only", {"targets": 8}, 4, False),
+    plan = S.plan_state(model, opt, model.example_batch(4, {"targets": 8}),
                         mesh, rules)
     batch = toy_batch(jax.random.key(3), batch=16)
     # Ragged token counts per microbatch: a naive mean of microbatch means would differ.
@@ -98,7 +98,7 @@ def test_skip_policy_keeps_params_on_nonfinite_loss() -> None:
     rules = P.logical_axis_rules("data_parallel")
     model = ToyModel()
     opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    plan = S.plan_state(model, opt, S.dummy_batch("decoder_only", {"targets": 8}, 1, False),
+    plan = S.plan_state(model, opt, model.example_batch(1, {"targets": 8}),
                         mesh, rules)
     state = S.create_state(plan, jax.random.key(0), mesh, rules)
     before = jax.device_get(state["params"])

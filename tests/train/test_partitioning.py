@@ -46,7 +46,7 @@ def _plan(mesh_shape, preset, optimizer=None):
     rules = P.logical_axis_rules(preset)
     opt = optimizer or create_optimizer("adamw", schedule=lambda s: 1e-2)
     model = ToyModel()
-    plan = S.plan_state(model, opt, S.dummy_batch("decoder_only", {"targets": 8}, 8, False),
+    plan = S.plan_state(model, opt, model.example_batch(8, {"targets": 8}),
                         mesh, rules)
     return model, opt, mesh, rules, plan
 
@@ -69,7 +69,7 @@ def _two_steps(batch, shape, preset):
     rules = P.logical_axis_rules(preset)
     opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
     model = ToyModel()
-    plan = S.plan_state(model, opt, S.dummy_batch("decoder_only", {"targets": 8}, 8, False),
+    plan = S.plan_state(model, opt, model.example_batch(8, {"targets": 8}),
                         mesh, rules)
     state = S.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)

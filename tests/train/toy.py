@@ -42,6 +42,12 @@ class ToyModel:
     family: str = "decoder_only"
     module: Any = dataclasses.field(default_factory=_ToyLM)
 
+    def example_batch(self, batch_size: int = 1, sequence_length: dict | None = None, *,
+                      packed: bool = False) -> dict:
+        length = sum((sequence_length or {"targets": 8}).values())
+        z = jnp.zeros((batch_size, length), jnp.int32)
+        return {"decoder_input_tokens": z, "decoder_target_tokens": z, "decoder_loss_weights": z}
+
     def init_variables(self, rng: jax.Array, batch: dict) -> dict:
         return self.module.init(rng, batch["decoder_input_tokens"])
 
