@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from t5x_like.models import TransformerConfig, make_model  # noqa: E402
 from t5x_like.train import metrics as M  # noqa: E402
 from t5x_like.train import partitioning as P  # noqa: E402
+from t5x_like.train import train_state as TS  # noqa: E402
 from t5x_like.train import train_step as S  # noqa: E402
 from t5x_like.train.optimizers import create_optimizer  # noqa: E402
 
@@ -81,8 +82,8 @@ def bench_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]:
     rules = P.logical_axis_rules("fsdp")
     opt = create_optimizer("adafactor")
     global_batch = batch * n_dev
-    plan = S.plan_state(model, opt, model.example_batch(n_dev, seq, packed=True), mesh, rules)
-    state = S.create_state(plan, jax.random.key(0), mesh, rules)
+    plan = TS.sharded_state(model, opt, model.example_batch(n_dev, seq, packed=True), mesh, rules)
+    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     rng = np.random.default_rng(0)
     batches = [random_batch(model, seq, global_batch, rng, cfg.vocab_size)

@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from t5x_like.convert import main  # noqa: E402
+from t5x_like.convert.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -215,7 +215,7 @@ def test_converted_hf_checkpoint_is_usable_directly(tmp_path):
     import torch
     import transformers
 
-    from t5x_like import convert
+    from t5x_like.convert import cli as convert
     from t5x_like.data import vocab
     from t5x_like.train.checkpoints import load_params
 

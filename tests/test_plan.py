@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from t5x_like import plan as PL
 from t5x_like.models import TransformerConfig, make_model
 from t5x_like.train import partitioning as P
+from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import REPO
@@ -34,7 +35,8 @@ def _xla_memory(cfg: TransformerConfig, mesh_shape, preset: str, optimizer: str,
     model, opt = make_model(cfg), create_optimizer(optimizer)
     mesh, rules = P.create_mesh(mesh_shape), P.logical_axis_rules(preset)
     shards = P.batch_shard_count(mesh, rules)
-    state = S.plan_state(model, opt, model.example_batch(shards, LENGTHS, packed=True), mesh, rules)
+    batch = model.example_batch(shards, LENGTHS, packed=True)
+    state = TS.sharded_state(model, opt, batch, mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), state, mesh, rules)
     bsh = P.batch_sharding(mesh, rules)
     inputs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh)

@@ -160,7 +160,7 @@ class Run:
     mesh: Any
     rules: Any
     preset: str
-    state: Any  # train_step.ShardedState
+    state: Any  # train_state.ShardedState
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -181,7 +181,7 @@ def build_run(target: Target) -> Run:
     """
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.train import partitioning as P
-    from t5x_like.train import train_step as S
+    from t5x_like.train import train_state as TS
     from t5x_like.train.optimizers import create_optimizer
 
     lengths = _gin("train.sequence_length")
@@ -204,7 +204,7 @@ def build_run(target: Target) -> Run:
         raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch "
                          f"shards x {mb} microbatches of {P.describe(mesh)}")
     pack = bool(_gin("train.pack", True))
-    state = S.plan_state(model, optimizer, model.example_batch(shards, lengths, packed=pack),
+    state = TS.sharded_state(model, optimizer, model.example_batch(shards, lengths, packed=pack),
                          mesh, rules)
     return Run(model=model, config=config, optimizer=optimizer,
                optimizer_name=str(_gin("create_optimizer.name", "adafactor")),

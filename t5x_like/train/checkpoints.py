@@ -408,7 +408,7 @@ def load_params(path: str, abstract_params: Any) -> Any:
 
     ``path``: one of our model dirs / checkpoint step dirs (params are taken from the train
     state, the optimizer state is not read), an orbax/flax PyTree directory holding just a
-    param tree (e.g. converted by ``t5x_like.models.interop``), a ``.msgpack`` file written by
+    param tree (e.g. converted by ``t5x_like.convert``), a ``.msgpack`` file written by
     ``flax.serialization.msgpack_serialize`` or an ``.npz`` with '/'-joined parameter paths.
     Shape mismatches raise CheckpointMismatchError naming the parameters.
     """

@@ -1,18 +1,15 @@
-"""The train state, its sharded creation, and the jitted train / eval step factories.
+"""The jitted train / eval step factories over the train state (`train_state.py`).
 
-The train state is a plain dict ``{'step': int32[], 'params': ..., 'opt_state': ...}`` (fp32
-params and optimizer state). Gradient accumulation loops over ``num_microbatches`` slices of the
+Gradient accumulation loops over ``num_microbatches`` slices of the
 batch inside the jitted step (``lax.scan``); each microbatch's gradient is weighted by its share
 of the batch's loss tokens, so the update equals the full-batch one (the loss is a per-token mean).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -20,84 +17,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like.train import partitioning as P
 from t5x_like.train.optimizers import Optimizer
+from t5x_like.train.train_state import ShardedState
 
 NONFINITE_POLICIES = ("stop", "skip")
 #: Model metrics that are counts (summed over microbatches); all others are token-weighted means.
 _SUM_METRICS = ("num_tokens",)
-
-
-@dataclasses.dataclass
-class ShardedState:
-    """Abstract state (ShapeDtypeStructs with shardings) and the pieces needed to build it."""
-
-    abstract: Any
-    shardings: Any
-    logical_params: Any
-    init_fn: Callable[[jax.Array], Any]
-
-
-def plan_state(
-    model: Any,
-    optimizer: Optimizer,
-    init_batch: Mapping[str, jax.Array],
-    mesh: jax.sharding.Mesh,
-    rules: P.LogicalRules,
-) -> ShardedState:
-    """Shapes and shardings of the train state, without allocating it."""
-
-    def boxed_params(rng: jax.Array) -> Any:
-        return model.init_variables(rng, dict(init_batch))["params"]
-
-    # The key is abstract and made outside the mesh context: an eager op inside
-    # `jax.set_mesh` over compile-only devices (deviceless AOT, `t5x_like.aot`) fails.
-    key = jax.eval_shape(jax.random.key, 0)
-    with P.partitioning_context(mesh, rules):
-        abstract_boxed = jax.eval_shape(boxed_params, key)
-    logical, param_sh = P.param_shardings(abstract_boxed, mesh, rules)
-    abstract_params = nn.unbox(abstract_boxed)
-    abstract_opt = jax.eval_shape(optimizer.tx.init, abstract_params)
-    opt_sh = P.derived_state_shardings(abstract_opt, abstract_params, logical, mesh, rules)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    shardings = {"step": replicated, "params": param_sh, "opt_state": opt_sh}
-    abstract_state = {
-        "step": jax.ShapeDtypeStruct((), jnp.int32),
-        "params": abstract_params,
-        "opt_state": abstract_opt,
-    }
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
-    )
-
-    def init_fn(rng: jax.Array) -> Any:
-        params = nn.unbox(boxed_params(rng))
-        return {
-            "step": jnp.zeros((), jnp.int32),
-            "params": params,
-            "opt_state": optimizer.tx.init(params),
-        }
-
-    return ShardedState(abstract=abstract, shardings=shardings, logical_params=logical,
-                        init_fn=init_fn)
-
-
-def create_state(plan: ShardedState, rng: jax.Array, mesh: jax.sharding.Mesh,
-                 rules: P.LogicalRules) -> Any:
-    """Initialise the state directly into its shardings (no full copy on any one device)."""
-    init = P.jit_sharded(plan.init_fn, mesh, rules, in_shardings=None,
-                         out_shardings=plan.shardings)
-    return init(rng)
-
-
-def state_with_params(plan: ShardedState, params: Any, optimizer: Optimizer,
-                      mesh: jax.sharding.Mesh, rules: P.LogicalRules) -> Any:
-    """A step-0 state around given (e.g. pre-trained) params with a fresh optimizer state."""
-
-    def build(p: Any) -> Any:
-        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": optimizer.tx.init(p)}
-
-    fn = P.jit_sharded(build, mesh, rules, in_shardings=(plan.shardings["params"],),
-                       out_shardings=plan.shardings)
-    return fn(params)
 
 
 def _split_microbatches(batch: Mapping[str, jax.Array], n: int) -> dict[str, jax.Array]:

@@ -25,6 +25,7 @@ import numpy as np
 from t5x_like.train import checkpoints as C
 from t5x_like.train import metrics as M
 from t5x_like.train import partitioning as P
+from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.data_iter import InputPipeline
 from t5x_like.train.optimizers import Optimizer, create_optimizer
@@ -281,8 +282,8 @@ def train(
     writer.console(f"[t5x_like.train] {P.describe(mesh)}; {jax.process_count()} process(es); "
                    f"model_dir {model_dir}")
 
-    plan = S.plan_state(model, optimizer, model.example_batch(shards, sequence_length, packed=pack),
-                        mesh, rules)
+    init_batch = model.example_batch(shards, sequence_length, packed=pack)
+    plan = TS.sharded_state(model, optimizer, init_batch, mesh, rules)
     checkpointer = C.Checkpointer(model_dir, save_interval_steps=checkpoint_every,
                                   keep=keep_checkpoints, async_save=async_checkpointing)
     batch_sh = P.batch_sharding(mesh, rules)
@@ -310,10 +311,10 @@ def train(
             source.close()
     elif init_params_path:
         params = C.load_params(init_params_path, plan.abstract["params"])
-        state = S.state_with_params(plan, params, optimizer, mesh, rules)
+        state = TS.state_with_params(plan, params, optimizer, mesh, rules)
         writer.console(f"[t5x_like.train] initialised params from {init_params_path}")
     else:
-        state = S.create_state(plan, jax.random.key(seed), mesh, rules)
+        state = TS.create_state(plan, jax.random.key(seed), mesh, rules)
     start = int(jax.device_get(state["step"]))
 
     step_fn = S.jit_train_step(
@@ -347,7 +348,7 @@ def train(
 
     def run_eval(step: int) -> None:
         assert eval_data is not None
-        ev = evaluate(eval_fn, state["params"], eval_data, eval_steps)
+        ev = eval_metrics(eval_fn, state["params"], eval_data, eval_steps)
         ev["tokens_seen"] = float(step * batch_size * tokens_per_seq)
         writer.write(step, "eval", ev)
         writer.console(f"[t5x_like.train] eval step {step}: " + ", ".join(
@@ -436,7 +437,8 @@ def train(
     return last
 
 
-def evaluate(eval_fn: Any, params: Any, data: InputPipeline, num_batches: int) -> dict[str, float]:
+def eval_metrics(eval_fn: Any, params: Any, data: InputPipeline, num_batches: int
+                 ) -> dict[str, float]:
     """Token-weighted loss, accuracy and perplexity over the first ``num_batches`` eval batches."""
     totals: dict[str, float] = {}
     for batch in data.fresh(num_batches):

@@ -12,7 +12,7 @@ import pytest
 from t5x_like.models import make_model
 from t5x_like.train import checkpoints as C
 from t5x_like.train import partitioning as P
-from t5x_like.train import train_step as S
+from t5x_like.train import train_state as TS
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import tiny_config
 
@@ -25,7 +25,7 @@ def _setup(mesh_shape, preset, **cfg):
     rules = P.logical_axis_rules(preset)
     model = make_model(tiny_config(vocab_size=128, **cfg))
     opt = create_optimizer("adafactor")
-    plan = S.plan_state(model, opt, model.example_batch(4, SEQ, packed=True), mesh, rules)
+    plan = TS.sharded_state(model, opt, model.example_batch(4, SEQ, packed=True), mesh, rules)
     return model, opt, mesh, rules, plan
 
 
@@ -34,7 +34,7 @@ def saved(tmp_path_factory):
     """A model dir with checkpoints at steps 1 and 2 written on a (1, 4, 2) fsdp+model mesh."""
     model_dir = tmp_path_factory.mktemp("ckpt")
     _, _, mesh, rules, plan = _setup((1, 4, 2), "tensor_parallel_2d")
-    state = S.create_state(plan, jax.random.key(0), mesh, rules)
+    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     ck = C.Checkpointer(str(model_dir), save_interval_steps=1, keep=5)
     for step in (1, 2):
         state = dict(state, step=state["step"] + 1)

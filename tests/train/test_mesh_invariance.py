@@ -8,6 +8,7 @@ import pytest
 
 from t5x_like.models import make_model
 from t5x_like.train import partitioning as P
+from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import tiny_config
@@ -31,8 +32,8 @@ def _one_step(batch, mesh_shape, preset):
     rules = P.logical_axis_rules(preset)
     model = make_model(tiny_config())
     opt = create_optimizer("adafactor")
-    plan = S.plan_state(model, opt, model.example_batch(8, SEQ, packed=True), mesh, rules)
-    state = S.create_state(plan, jax.random.key(0), mesh, rules)
+    plan = TS.sharded_state(model, opt, model.example_batch(8, SEQ, packed=True), mesh, rules)
+    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     losses = []
     state, metrics = step(state, batch, jax.random.key(1))

@@ -12,6 +12,7 @@ import pytest
 from t5x_like.models import make_model
 from t5x_like.train import metrics as M
 from t5x_like.train import partitioning as P
+from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import tiny_config
@@ -58,7 +59,7 @@ def test_step_flops_match_xla_cost_analysis(family) -> None:
     rules = P.logical_axis_rules("data_parallel")
     opt = create_optimizer("adafactor")
     batch = model.example_batch(4, seq)
-    plan = S.plan_state(model, opt, batch, mesh, rules)
+    plan = TS.sharded_state(model, opt, batch, mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     batch = {k: np.ones(v.shape, np.int32) for k, v in batch.items()}
     # The lowered (pre-optimisation) HLO's cost analysis: same FLOPs, no compile needed.

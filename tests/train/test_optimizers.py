@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from t5x_like.train import partitioning as P
+from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import (
     create_optimizer,
@@ -75,14 +76,14 @@ def test_gradient_accumulation_equals_full_batch_update() -> None:
     rules = P.logical_axis_rules("fsdp")
     model = ToyModel()
     opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    plan = S.plan_state(model, opt, model.example_batch(4, {"targets": 8}),
+    plan = TS.sharded_state(model, opt, model.example_batch(4, {"targets": 8}),
                         mesh, rules)
     batch = toy_batch(jax.random.key(3), batch=16)
     # Ragged token counts per microbatch: a naive mean of microbatch means would differ.
     assert len({int(batch["decoder_loss_weights"][i::4].sum()) for i in range(4)}) > 1
     out = []
     for n in (1, 4):
-        state = S.create_state(plan, jax.random.key(0), mesh, rules)
+        state = TS.create_state(plan, jax.random.key(0), mesh, rules)
         step = S.jit_train_step(S.make_train_step(model, opt, num_microbatches=n), plan, mesh,
                                 rules)
         state, m = step(state, batch, jax.random.key(1))
@@ -98,9 +99,9 @@ def test_skip_policy_keeps_params_on_nonfinite_loss() -> None:
     rules = P.logical_axis_rules("data_parallel")
     model = ToyModel()
     opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    plan = S.plan_state(model, opt, model.example_batch(1, {"targets": 8}),
+    plan = TS.sharded_state(model, opt, model.example_batch(1, {"targets": 8}),
                         mesh, rules)
-    state = S.create_state(plan, jax.random.key(0), mesh, rules)
+    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     before = jax.device_get(state["params"])
     state["params"]["scale"] = state["params"]["scale"] * jnp.nan
     bad = jax.device_get(state["params"])

@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from t5x_like.train import partitioning as P
+from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer, rsqrt_schedule
 from tests.train.toy import ToyModel, toy_batch
@@ -46,7 +47,7 @@ def _plan(mesh_shape, preset, optimizer=None):
     rules = P.logical_axis_rules(preset)
     opt = optimizer or create_optimizer("adamw", schedule=lambda s: 1e-2)
     model = ToyModel()
-    plan = S.plan_state(model, opt, model.example_batch(8, {"targets": 8}),
+    plan = TS.sharded_state(model, opt, model.example_batch(8, {"targets": 8}),
                         mesh, rules)
     return model, opt, mesh, rules, plan
 
@@ -54,7 +55,7 @@ def _plan(mesh_shape, preset, optimizer=None):
 def test_state_is_created_sharded_and_optimizer_state_follows_params() -> None:
     opt = create_optimizer("adafactor", schedule=rsqrt_schedule(1.0, 10))
     _, opt, mesh, rules, plan = _plan((1, 8, 1), "fsdp", opt)
-    state = S.create_state(plan, jax.random.key(0), mesh, rules)
+    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     emb = state["params"]["embedding"]
     assert emb.sharding.spec == PartitionSpec(None, "fsdp")
     # Each device holds 1/8 of the embedding: no full copy anywhere.
@@ -69,9 +70,9 @@ def _two_steps(batch, shape, preset):
     rules = P.logical_axis_rules(preset)
     opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
     model = ToyModel()
-    plan = S.plan_state(model, opt, model.example_batch(8, {"targets": 8}),
+    plan = TS.sharded_state(model, opt, model.example_batch(8, {"targets": 8}),
                         mesh, rules)
-    state = S.create_state(plan, jax.random.key(0), mesh, rules)
+    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     losses = []
     for _ in range(2):

@@ -1,4 +1,4 @@
-"""`python -m t5x_like.convert`: checkpoints between T5X, Hugging Face and t5x_like.
+"""`python -m t5x_like.convert` (`__main__.py`): checkpoints between T5X, Hugging Face and t5x_like.
 
     python -m t5x_like.convert --from hf --to ours --input hf_dir/ --output converted/
     python -m t5x_like.convert --from t5x --to hf --input t5x_params.npz --output hf_dir/ \
@@ -46,10 +46,10 @@ from typing import Any
 import gin
 import numpy as np
 
-from t5x_like.models import interop
-from t5x_like.models import param_tree as pt
+from t5x_like.convert import interop
+from t5x_like.convert import param_tree as pt
+from t5x_like.convert.interop import ConversionError
 from t5x_like.models.config import TransformerConfig
-from t5x_like.models.interop import ConversionError
 from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR
 
 #: The SentencePiece model an HF T5 checkpoint ships; `--to ours` copies it beside the params.
@@ -237,6 +237,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

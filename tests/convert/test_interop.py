@@ -16,10 +16,11 @@ import pytest
 import torch
 import transformers
 
-from t5x_like import convert
-from t5x_like.models import TransformerConfig, interop, make_model
-from t5x_like.models import param_tree as pt
-from t5x_like.models.interop import ConversionError
+from t5x_like.convert import cli as convert
+from t5x_like.convert import interop
+from t5x_like.convert import param_tree as pt
+from t5x_like.convert.interop import ConversionError
+from t5x_like.models import TransformerConfig, make_model
 
 TOL = 1e-5
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from t5x_like.models import param_tree as pt
+from t5x_like.convert import param_tree as pt
+from t5x_like.convert.param_tree import ConversionError
 from t5x_like.models.config import TransformerConfig
-from t5x_like.models.param_tree import ConversionError
 
 __all__ = [
     "ConversionError", "config_from_hf", "config_from_t5x", "from_hf", "from_t5x", "hf_config",
