@@ -403,6 +403,10 @@ def task_objective(name: str) -> Objective | None:
     """The Objective behind a registered task name (with or without a ':vocabulary' suffix);
     None for a supervised (downstream) task."""
     base = name.partition(":")[0]
+    if base in _MIXTURES:
+        members = ", ".join(task for task, _ in _MIXTURES[base])
+        raise ValueError(f"{name!r} is a mixture, not a task: each of its tasks ({members}) "
+                         "has its own objective.")
     if base not in _TASKS:
         raise _unknown(name)
     return _TASKS[base].objective

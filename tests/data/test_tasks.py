@@ -180,3 +180,11 @@ def test_new_objective_from_gin_without_code(data_dir):
     assert "c4like_test_span_corruption_rate_30" in tasks.list_tasks()
     assert tasks.task_objective("c4like_test_span_corruption_rate_30").noise_density == 0.3
     assert next(iter(ds))["decoder_target_tokens"].shape == (2, 16)
+
+
+def test_task_objective_of_a_mixture_says_so():
+    with pytest.raises(ValueError, match=r"'c4like_ul2_mixture' is a mixture, not a task: .*"
+                                         r"c4like_ul2_r_span3"):
+        tasks.task_objective("c4like_ul2_mixture")
+    with pytest.raises(ValueError, match="Unknown task or mixture 'c4like_nope'"):
+        tasks.task_objective("c4like_nope")
