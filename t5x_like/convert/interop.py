@@ -295,29 +295,31 @@ def config_from_hf(hf_cfg: Mapping[str, Any], **overrides: Any) -> TransformerCo
     return TransformerConfig(**fields)
 
 
+#: The Hugging Face architecture each exportable family maps to (prefix_lm has none).
+_HF_KINDS = {"encoder_decoder": "t5", "decoder_only": "llama"}
+
+
 def _hf_kind(config: TransformerConfig) -> str:
     """'t5' or 'llama' for an exportable config; ConversionError naming the obstacle."""
     problems = []
     if config.norm != "rmsnorm":
         problems.append("norm must be 'rmsnorm'")
-    if config.family == "encoder_decoder":
+    kind = _HF_KINDS.get(config.family, "")
+    if kind == "t5":
         if config.position_encoding != "relative":
             problems.append("T5 needs position_encoding='relative'")
         if config.kv_heads != config.num_heads:
             problems.append("T5 has no grouped-query attention")
         if config.mlp_activations not in _T5_ACTS:
             problems.append(f"no HF T5 MLP for {config.mlp_activations}")
-        kind = "t5"
-    elif config.family == "decoder_only":
+    elif kind == "llama":
         if config.position_encoding != "rope" or config.rope_scaling not in ("none", "linear"):
             problems.append("Llama needs position_encoding='rope' (rope_scaling none/linear)")
         acts = config.mlp_activations
         if len(acts) != 2 or acts[1] != "linear" or acts[0] not in _LLAMA_ACTS:
             problems.append(f"Llama needs a gated MLP (act, 'linear'), not {acts}")
-        kind = "llama"
     else:
         problems.append("prefix_lm has no Hugging Face equivalent (its prefix is bidirectional)")
-        kind = ""
     if problems:
         raise ConversionError("cannot export to Hugging Face: " + "; ".join(problems))
     return kind
