@@ -215,6 +215,15 @@ class ConcatLMFeatureConverter(PrefixLMFeatureConverter):
         return out
 
 
+#: (model family, task has inputs) -> converter; the missing pairs have no converter.
+_CONVERTERS: dict[tuple[str, bool], type[seqio.FeatureConverter]] = {
+    ("encoder_decoder", True): EncDecFeatureConverter,
+    ("prefix_lm", True): PrefixLMFeatureConverter,
+    ("decoder_only", True): ConcatLMFeatureConverter,
+    ("decoder_only", False): LMFeatureConverter,
+}
+
+
 def get_feature_converter(
     model_family: str, *, has_inputs: bool = True, pack: bool = True
 ) -> seqio.FeatureConverter:
@@ -228,20 +237,16 @@ def get_feature_converter(
         raise ValueError(
             f"Unknown model_family {model_family!r}; expected one of {MODEL_FAMILIES}."
         )
-    # seqio's per-example length assertions are redundant here (tasks trim to the lengths and
-    # packing/padding fix the shapes) and cost ~0.1 ms per example, so they are off.
-    kwargs = dict(pack=pack, apply_length_check=False)
-    if model_family == "decoder_only":
-        cls = ConcatLMFeatureConverter if has_inputs else LMFeatureConverter
-        return cls(**kwargs)
-    if not has_inputs:
+    cls = _CONVERTERS.get((model_family, has_inputs))
+    if cls is None:
         raise ValueError(
             f"model_family={model_family!r} needs a task with inputs; this task has only "
             "'targets' (a plain language-modelling task). Use model_family='decoder_only', or "
             "the prefix_lm objective for an inputs/targets split."
         )
-    cls = EncDecFeatureConverter if model_family == "encoder_decoder" else PrefixLMFeatureConverter
-    return cls(**kwargs)
+    # seqio's per-example length assertions are redundant here (tasks trim to the lengths and
+    # packing/padding fix the shapes) and cost ~0.1 ms per example, so they are off.
+    return cls(pack=pack, apply_length_check=False)
 
 
 def model_sequence_length(
