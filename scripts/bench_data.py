@@ -10,7 +10,8 @@ side's median and the median of the per-round ratios with their range. Two regim
 'tokenizing' times the first epoch (SentencePiece on every document: what a corpus too large to
 keep, like C4, costs throughout); 'cached' times the second epoch with the tokenized documents
 held in memory (both sides cache right after tokenizing). A third table gives our packing
-efficiency per model family. Writes benchmarks/data.json and benchmarks/data.md.
+efficiency per model family, a fourth where our time goes (the pipeline cut after each stage).
+Writes benchmarks/data.json and benchmarks/data.md.
 
     python -m venv /tmp/t5ref && /tmp/t5ref/bin/pip install t5==0.9.4
     python scripts/bench_data.py --reference_python /tmp/t5ref/bin/python \\
@@ -53,6 +54,9 @@ CONFIGS = [
     ("bert_style", "tokenizing", 2), ("deshuffling", "tokenizing", 2),
     ("ul2_mixture", "tokenizing", 2),
 ]
+# The stage profile: the whole c4like train split through our span-corruption pipeline cut
+# after each stage, on 1 thread (first epoch), each cut in a fresh process.
+STAGES = ["read", "tokenize_tf_op", "tokenize", "chunk", "span_corruption", "pack"]
 PACKED = [("span_corruption", "encoder_decoder"), ("prefix_lm", "prefix_lm"),
           ("ul2_mixture", "encoder_decoder"), ("full_lm", "decoder_only")]
 WARMUP = 200
@@ -124,10 +128,9 @@ def packing(objective: str, family: str, batches: int = 8) -> dict:
     """Our non-pad fraction per feature of packed batches (batch 128, 512-token inputs)."""
     import numpy as np
 
-    from t5x_like.data import get_dataset, objectives, tasks
+    from t5x_like.data import get_dataset, objectives
 
-    lengths = objectives.default_sequence_length(tasks.task_objective(f"c4like_{objective}")
-                                                 or tasks.OBJECTIVES["span_corruption"], 512)
+    lengths = objectives.default_sequence_length(_objective(f"c4like_{objective}"), 512)
     if family == "decoder_only":
         lengths = {"targets": 512}
     ds = get_dataset(f"c4like_{objective}", split="train", sequence_length=lengths,
@@ -143,10 +146,59 @@ def packing(objective: str, family: str, batches: int = 8) -> dict:
     return {k: nonpad[k] / cells[k] for k in keys}
 
 
+def stage_dataset(stage: str, documents: int, lengths: dict):
+    """Our c4like span-corruption pipeline (c4_32k) cut after `stage` (one of STAGES).
+
+    'tokenize_tf_op' is the same cut with seqio's per-document tensorflow_text op (what
+    `tokenize.engine='tensorflow_text'` and the reference use); 'pack' adds the packed
+    encoder-decoder converter and batches of 128.
+    """
+    import seqio
+
+    from t5x_like import data
+    from t5x_like.data import converters, objectives, tasks
+    from t5x_like.data import tokenize as tok
+
+    task = data.get_task("c4like_span_corruption", "c4_32k")
+    features = task.output_features
+    ds = task.source.get_dataset("train", shuffle=False).take(documents)
+    ds = seqio.preprocessors.rekey(ds, key_map={"targets": "text"})
+    if stage == "read":
+        return ds
+    engine = "tensorflow_text" if stage == "tokenize_tf_op" else "sentencepiece"
+    ds = tok.tokenize(ds, features, engine=engine)
+    if stage.startswith("tokenize"):
+        return ds
+    objective = tasks.task_objective("c4like_span_corruption")
+    if stage == "chunk":
+        return objectives.split_into_chunks(ds, objective.chunk_length(lengths))
+    with seqio.utils.map_seed_manager(0):
+        ds = objectives.denoise(ds, lengths, features, objective)
+    if stage == "span_corruption":
+        return ds
+    converter = converters.get_feature_converter("encoder_decoder")
+    return converter(ds, lengths).batch(128)
+
+
+def time_stage(stage: str, documents: int, lengths: dict) -> dict:
+    """Seconds to run `documents` documents through the pipeline cut after `stage`, 1 thread."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    ds = stage_dataset(stage, documents, lengths).with_options(options)
+    start = time.perf_counter()
+    elements = sum(1 for _ in ds.as_numpy_iterator())
+    return {"seconds": time.perf_counter() - start, "elements": elements}
+
+
 def worker(spec: dict) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if spec["side"] == "packing":
         return {"efficiency": packing(spec["objective"], spec["family"])}
+    if spec["side"] == "stage":
+        return time_stage(spec["stage"], spec["documents"], spec["lengths"])
     cached = spec["regime"] == "cached"
     skip = spec["epoch_bound"] if cached else WARMUP
     if spec["side"] == "reference":
@@ -188,12 +240,21 @@ def run_worker(python: str, spec: dict, lock: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def lengths_for(objective: str) -> dict:
-    from t5x_like.data import objectives, tasks
+def _objective(task: str):
+    """The task's Objective; span corruption's for a mixture (UL2: its lengths, 512/114)."""
+    import seqio
 
-    return objectives.default_sequence_length(
-        tasks.task_objective(OBJECTIVES[objective][0]) or tasks.OBJECTIVES["span_corruption"],
-        512)
+    from t5x_like.data import get_task, tasks
+
+    if isinstance(get_task(task), seqio.Mixture):
+        return tasks.OBJECTIVES["span_corruption"]
+    return tasks.task_objective(task)
+
+
+def lengths_for(objective: str) -> dict:
+    from t5x_like.data import objectives
+
+    return objectives.default_sequence_length(_objective(OBJECTIVES[objective][0]), 512)
 
 
 def cpu_model() -> str:
@@ -267,7 +328,28 @@ def write_markdown(report: dict, path: Path) -> None:
               "| objective | model family | efficiency |", "|---|---|---|"]
     for p in report["packing"]:
         eff = ", ".join(f"{k.split('_')[0]} {v:.3f}" for k, v in p["efficiency"].items())
+        eff = eff or f"failed: {p.get('error', '?')}"
         lines.append(f"| {p['objective']} | {p['family']} | {eff} |")
+    if report.get("stages"):
+        docs, tokens = report["stage_documents"], report["stage_tokens"]
+        lines += ["", f"Where our time goes: span corruption 512/114, the c4like train split "
+                  f"({docs:,} documents, {tokens:,} c4_32k tokens) through our pipeline cut "
+                  "after each stage, 1 thread, first epoch, each cut in a fresh process; median "
+                  "seconds over the rounds [min-max]; 'added' = this cut minus the previous one; "
+                  "tokens/s = source tokens ÷ seconds. tokenize_tf_op is the alternative to "
+                  "tokenize, not a step of ours: seqio's per-document tensorflow_text op, as the "
+                  "reference tokenizes.", "",
+                  "| cut after | seconds | added | source tokens/s | elements out |",
+                  "|---|---|---|---|---|"]
+        previous = None
+        for st in report["stages"]:
+            secs = [r["seconds"] for r in st["rounds"]]
+            median = statistics.median(secs)
+            added = "" if previous is None else f"{median - previous:+.2f}"
+            if st["stage"] != "tokenize_tf_op":
+                previous = median
+            lines.append(f"| {st['stage']} | {median:.2f} [{min(secs):.2f}-{max(secs):.2f}] | "
+                         f"{added} | {tokens / median:,.0f} | {st['rounds'][0]['elements']:,} |")
     lines += [""] + report.get("notes", [])
     path.write_text("\n".join(lines) + "\n")
 
@@ -327,10 +409,24 @@ def main() -> int:
             rows[(objective, regime, threads)].append(row)
             print(json.dumps({"round": round_index, "objective": objective, "regime": regime,
                               "threads": threads, **row}), flush=True)
-    packed = [] if args.quick else [
-        {"objective": o, "family": f,
-         **run_worker(sys.executable, {"side": "packing", "objective": o, "family": f},
-                      args.lock)} for o, f in PACKED]
+    stage_rows: dict[str, list] = {st: [] for st in ([] if args.quick else STAGES)}
+    sc_lengths = lengths_for("span_corruption")
+    for round_index in range(args.rounds):
+        for stage in stage_rows:
+            stage_rows[stage].append(run_worker(sys.executable, {
+                "side": "stage", "stage": stage, "documents": stats["documents"],
+                "lengths": sc_lengths}, args.lock))
+            print(json.dumps({"round": round_index, "stage": stage, **stage_rows[stage][-1]}),
+                  flush=True)
+    packed = []
+    for o, f in [] if args.quick else PACKED:
+        try:
+            result = run_worker(sys.executable, {"side": "packing", "objective": o, "family": f},
+                                args.lock)
+        except RuntimeError as err:  # keep the timings of a long run; report the failure
+            print(err, file=sys.stderr)
+            result = {"efficiency": {}, "error": str(err).splitlines()[-1]}
+        packed.append({"objective": o, "family": f, **result})
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before,
@@ -342,7 +438,9 @@ def main() -> int:
         "lock": args.lock or "no lock",
         "results": [{"objective": o, "regime": g, "threads": t, "rounds": r,
                      "summary": summarize(r)} for (o, g, t), r in rows.items()],
-        "packing": packed,
+        "packing": packed, "stage_documents": stats["documents"],
+        "stage_tokens": stats["c4_32k_tokens"],
+        "stages": [{"stage": st, "rounds": r} for st, r in stage_rows.items()],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
