@@ -63,7 +63,9 @@ def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def register_configurables() -> None:
-    """Import every module that registers gin configurables, so bindings can be checked."""
+    """Import every module that registers gin configurables, so bindings can be checked (and a
+    run's saved config.gin, which binds the data layer's too, parses in a fresh process)."""
+    import t5x_like.data.tasks  # noqa: F401
     import t5x_like.models  # noqa: F401
     import t5x_like.train.optimizers  # noqa: F401
     import t5x_like.train.partitioning  # noqa: F401
