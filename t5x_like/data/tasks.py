@@ -340,13 +340,27 @@ def _downstream_dataset(name: str, split: str, shuffle_files: bool = False,
         {k: tf.constant([r[k] for r in rows], tf.string) for k in ("inputs", "targets")})
 
 
+class _InMemorySource(seqio.FunctionDataSource):
+    """A FunctionDataSource whose function returns a whole split held in memory.
+
+    It has no files to shuffle, so seqio's warning against shuffling an uncached
+    FunctionDataset (too little shuffling after a restart) does not apply: the Task still
+    shuffles the examples, and the trainer restores the iterator's position on resume.
+    """
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: seqio.ShardInfo | None = None, **kwargs) -> tf.data.Dataset:
+        del shuffle  # file-level only, and the function ignores it
+        return super().get_dataset(split, False, seed, shard_info, **kwargs)
+
+
 def _register_downstream() -> None:
     """The offline downstream suite (`downstream.py`; it never imports this module)."""
     from t5x_like.data import downstream, scoring
 
     for name in downstream.SUITE:
-        source = seqio.FunctionDataSource(functools.partial(_downstream_dataset, name),
-                                          splits=downstream.SPLITS)
+        source = _InMemorySource(functools.partial(_downstream_dataset, name),
+                                 splits=downstream.SPLITS)
         register_task(name, None, "downstream", source,
                       metric_fns=downstream.get_spec(name).metric_fns,
                       postprocess_fn=scoring.strip)
