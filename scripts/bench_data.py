@@ -131,8 +131,6 @@ def packing(objective: str, family: str, batches: int = 8) -> dict:
     from t5x_like.data import get_dataset, objectives
 
     lengths = objectives.default_sequence_length(_objective(f"c4like_{objective}"), 512)
-    if family == "decoder_only":
-        lengths = {"targets": 512}
     ds = get_dataset(f"c4like_{objective}", split="train", sequence_length=lengths,
                      batch_size=128, model_family=family, vocabulary="c4_32k", seed=0)
     keys = [k for k in ("encoder_input_tokens", "decoder_target_tokens")
