@@ -562,7 +562,7 @@ SWEEP_RESULTS = Path(os.environ.get("T5X_LIKE_SWEEP_RESULTS")
                      or REPO_ROOT / "benchmarks" / "t5_tables_tiny.json")
 if not SWEEP_RESULTS.exists():
     raise FileNotFoundError(f"sweep results {SWEEP_RESULTS} not found: run the tiny sweep "
-                            "(python -m t5x_like.sweep, see the README) or point "
+                            "(python -m t5x_like.sweep, see docs/experiments.md) or point "
                             "T5X_LIKE_SWEEP_RESULTS at a results JSON")
 from t5x_like.sweep.paper import COMPARE_COLUMN  # the paper column Kendall's τ is computed on
 

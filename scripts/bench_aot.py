@@ -1,4 +1,4 @@
-"""Compile the README's scaling configs for TPU and GPU targets offline and compare the planner.
+"""Compile docs/scaling.md's configs for TPU and GPU targets offline and compare the planner.
 
 Each config runs `python -m t5x_like.aot --json_out` in its own process (one libtpu / CUDA
 plugin per process, memory returned after each) under `flock LOCK`, so heavy compiles queue
