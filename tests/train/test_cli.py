@@ -220,8 +220,9 @@ def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> N
 
 # The "bad inputs" table of docs/training.md, checked against the CLI: each row's flags are run
 # and every literal piece of its backticked messages (split at `...`, `DIR`, `N` and `<...>`
-# placeholders) must be in what the user sees. Rows about corrupt checkpoints need a trained run; their messages
-# are asserted by tests/train/test_corrupt_checkpoints.py, so here they must appear in that file.
+# placeholders) must be in what the user sees. Rows about corrupt checkpoints need a trained run;
+# their messages are asserted by tests/train/test_corrupt_checkpoints.py, so here they must appear
+# in that file.
 _TABLE_ROWS = {
     "`--gin.train.batchsize=8`": [["--gin.train.batchsize=8"], ["--gin.trian.task='x'"]],
     "`--gin.train.task=c4like_prefix_lm`": [["--gin.train.task=c4like_prefix_lm"]],
