@@ -3,9 +3,11 @@
 `install()` (run by `import t5x_like`) arranges that, when TensorFlow is first imported:
 - TensorFlow sees no GPU, so it never takes accelerator memory that JAX needs;
 - its start-up chatter is dropped: on machines without CUDA, importing it prints an absl
-  "before InitializeLog" banner and a "Could not find cuda drivers" line twice, and hiding the
-  GPUs logs "failed call to cuInit" — lines a user reads as failures. Only those exact lines are
-  dropped; anything else TensorFlow writes to stderr meanwhile is passed through;
+  "before InitializeLog" banner and a "Could not find cuda drivers" line twice, on CPUs with
+  AVX-512 an INFO line "oneDNN custom operations are on" twice (TF_CPP_MIN_LOG_LEVEL does not
+  silence it), and hiding the GPUs logs "failed call to cuInit" — lines a user reads as
+  failures. Only those exact lines are dropped; anything else TensorFlow writes to stderr
+  meanwhile is passed through;
 - C++ warnings are off (`TF_CPP_MIN_LOG_LEVEL=2` unless set): e.g. "did not fully read the
   dataset being cached", which every run that stops inside a cached epoch triggers, by design.
 """
@@ -27,7 +29,8 @@ from types import ModuleType
 NOISE = re.compile(
     rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     rb"|\S+ +\S+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine.*"
-    rb"|\S+ +\S+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit: .*)$")
+    rb"|\S+ +\S+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit: .*"
+    rb"|\S+ +\S+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\. .*)$")
 
 
 @contextlib.contextmanager
