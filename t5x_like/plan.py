@@ -9,7 +9,11 @@ remat=...)`` computes, per device and without allocating anything:
   needed; each leaf's shard shape is exact (an indivisible dimension stays replicated, as in
   training);
 - gradients: fp32 like the parameters and sharded like them (twice that with microbatching:
-  the accumulator and the current microbatch's gradients);
+  the accumulator and the current microbatch's gradients). On an accelerator they do not add
+  to the activations: XLA:TPU's peak is where the backward pass starts, with every residual
+  and the f32 logits gradient live and almost no parameter gradient yet; gradients accumulate
+  as residuals are freed (``temp = max(activations + logits gradient, gradients)``, plus the
+  microbatch accumulator and the gathered weights). XLA:CPU (``compiler='cpu'``) holds both;
 - all-gathered weights: with sharded parameters, two layers' full weights in the activation
   dtype (the layer being computed and the next one being gathered);
 - activations: the residuals ``jax.vjp`` of the loss saves for the backward pass, read off the
@@ -21,12 +25,14 @@ remat=...)`` computes, per device and without allocating anything:
   un-rematerialised residuals are added for the recomputation during the backward pass.
   By default (``compiler='accelerator'``) only what XLA:TPU / XLA:GPU keep after fusion is
   counted: a residual computed from others through elementwise ops only is recomputed inside
-  the backward fusion (``_FUSION_PLANS``); ``compiler='cpu'`` counts every residual, as XLA:CPU
-  keeps them (the every-residual count was 2.5x XLA:TPU's total for T5-base on v5e-16);
+  the backward fusion (``_FUSION_PLANS``), unless it reads an all-gathered (FSDP) weight, which
+  XLA does not recompute from; ``compiler='cpu'`` counts every residual, as XLA:CPU keeps them
+  (the every-residual count was 2.5x XLA:TPU's total for T5-base on v5e-16);
 - FLOPs per step: ``model.flops_per_sequence`` x batch, plus what each remat policy recomputes.
 
-What it leaves out: XLA's own temporaries (collective buffers, fusion workspaces), the fp32
-logits gradient, allocator fragmentation. ``tests/test_plan.py`` compares against
+On an accelerator the temporaries are scaled by ``HEAP_OVERHEAD``, the allocator's
+fragmentation measured in XLA:TPU's buffer assignment. What it leaves out: XLA's own
+temporaries (collective buffers, fusion workspaces). ``tests/test_plan.py`` compares against
 ``jax.jit(train_step).lower(...).compile().memory_analysis()`` on CPU fake devices;
 ``scripts/bench_aot.py`` against XLA:TPU and XLA:GPU (``benchmarks/aot.md``).
 """
@@ -55,6 +61,9 @@ from t5x_like.train.optimizers import Optimizer, create_optimizer
 GIB = 1024**3
 #: What the activation estimate models (see ``plan``'s ``compiler``).
 COMPILERS = ("accelerator", "cpu")
+#: XLA:TPU's heap over its buffers' live peak (buffer-assignment dumps, T5-small on v5e-16:
+#: 1.06 data parallel, 1.09 FSDP): the planner's accelerator temp is scaled by it.
+HEAP_OVERHEAD = 1.08
 #: Presets whose activation rules put heads / MLP / vocabulary on the ``model`` axis.
 _TP_PRESETS = ("tensor_parallel", "tensor_parallel_2d")
 
@@ -87,9 +96,10 @@ _TRACE_BATCH = 2
 
 @functools.lru_cache(maxsize=256)
 def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
-               packed: bool, fused: str = "") -> tuple[Any, ...]:
+               packed: bool, fused: str = "", gathered: bool = False) -> tuple[Any, ...]:
     """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (inputs excluded);
-    ``fused``: what is left after elementwise fusion under that plan (``_FUSION_PLANS``)."""
+    ``fused``: what is left after elementwise fusion under that plan (``_FUSION_PLANS``);
+    ``gathered``: the weights are sharded, so each reaches the step through a collective."""
     model = make_model(config)
     lengths = dict(sequence_length)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
@@ -113,7 +123,8 @@ def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int]
         seen.add(id(v))
         out.append(v)
     if fused:
-        out = _FUSION_PLANS[fused](jaxpr, out)
+        weights = jaxpr.invars[: len(jax.tree.leaves(params))] if gathered else ()
+        out = _FUSION_PLANS[fused](jaxpr, out, {id(w) for w in weights})
     return tuple(v.aval for v in out)
 
 
@@ -143,11 +154,17 @@ def _is_elementwise(eqn: Any) -> bool:
             and all(_is_elementwise(e) for e in inner.eqns))
 
 
-def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any]) -> list[Any]:
+def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any],
+                           gathered: frozenset[int] | set[int] = frozenset()) -> list[Any]:
     """What an accelerator compiler keeps of ``residuals``: each residual is either stored or
     recomputed inside a backward fusion from its *roots*: the nearest values upstream through
     elementwise ops only that are matmul / reduction / gather outputs (stored then), values
     already stored, or the step's inputs (in memory anyway).
+
+    ``gathered``: ids of weight inputs that arrive through an all-gather (FSDP). XLA does not
+    recompute a chain that reads a collective's output (a norm's ``x * rsqrt(var) * scale``
+    with an all-gathered ``scale``): such a residual is stored (XLA:TPU, T5 on v5e-16: twice the
+    residual-stream copies of data parallel).
 
     Residuals are visited in program order; one is recomputed when the roots it would add
     cost less than itself, so a softmax's f32 exponentials, probabilities and bf16 copy all
@@ -159,7 +176,8 @@ def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any]) -> list[Any]:
     free = {id(v) for v in (*jaxpr.invars, *jaxpr.constvars)}
     stored: dict[int, Any] = {}
 
-    def missing_roots(v: Any) -> dict[int, Any]:
+    def missing_roots(v: Any) -> dict[int, Any] | None:
+        """Roots not yet stored; None when the chain reads a gathered weight."""
         found: dict[int, Any] = {}
         stack, seen = [v], set()
         while stack:
@@ -167,6 +185,8 @@ def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any]) -> list[Any]:
             if not hasattr(x, "aval") or id(x) in seen:  # literals
                 continue
             seen.add(id(x))
+            if id(x) in gathered and x is not v:
+                return None
             if id(x) in free or id(x) in stored:
                 continue
             eqn = producer.get(id(x))
@@ -180,19 +200,22 @@ def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any]) -> list[Any]:
         if id(v) in stored or id(v) in free:
             continue
         roots = missing_roots(v)
-        if id(v) not in roots and sum(_nbytes(r.aval) for r in roots.values()) < _nbytes(v.aval):
+        if (roots is not None and id(v) not in roots
+                and sum(_nbytes(r.aval) for r in roots.values()) < _nbytes(v.aval)):
             stored.update(roots)
         else:
             stored[id(v)] = v
     return [v for v in stored.values() if v.aval.shape]
 
 
-def _fusion_roots_shared(jaxpr: Any, residuals: Sequence[Any]) -> list[Any]:
+def _fusion_roots_shared(jaxpr: Any, residuals: Sequence[Any],
+                         gathered: frozenset[int] | set[int] = frozenset()) -> list[Any]:
     """Like `_fusion_roots_in_order`, deciding over all residuals at once: every residual is
     recomputed from its roots (matmul / reduction / gather outputs upstream through elementwise
-    ops; the step's inputs are free) unless the roots only it needs cost more than it does.
-    Stores a softmax's score matrix once for its masked copy, exponentials and probabilities
-    (which visiting in order keeps separately when they are separate residuals)."""
+    ops; the step's inputs are free) unless the roots only it needs cost more than it does, or
+    it reads a ``gathered`` weight. Stores a softmax's score matrix once for its masked copy,
+    exponentials and probabilities (which visiting in order keeps separately when they are
+    separate residuals)."""
     producer = {id(o): e for e in jaxpr.eqns for o in e.outvars}
     inputs = {id(v) for v in (*jaxpr.invars, *jaxpr.constvars)}
 
@@ -201,6 +224,8 @@ def _fusion_roots_shared(jaxpr: Any, residuals: Sequence[Any]) -> list[Any]:
         stack, seen = [v], set()
         while stack:
             x = stack.pop()
+            if id(x) in gathered and x is not v:
+                return {id(v): v}  # stored: XLA does not recompute from a collective's output
             if not hasattr(x, "aval") or id(x) in seen or id(x) in inputs:
                 continue
             seen.add(id(x))
@@ -245,13 +270,18 @@ def _boxed_params(config: TransformerConfig, features: tuple[str, ...]) -> Any:
 
 
 def _residual_bytes(avals: Sequence[Any], *, batch_scale: float, model_axis: int, tp: bool,
-                    tp_sizes: set[int], param_ratio: float) -> float:
-    """Per-device bytes of residuals traced at ``_TRACE_BATCH`` (see module docstring)."""
+                    tp_sizes: set[int], param_ratio: float,
+                    true_size: Mapping[int, int] | None = None) -> float:
+    """Per-device bytes of residuals traced at ``_TRACE_BATCH`` (see module docstring).
+    ``true_size``: traced dimension -> the config's (a trace with a widened ``head_dim``)."""
     total = 0.0
+    true_size = true_size or {}
     for a in avals:
-        nbytes = math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+        dims = [true_size.get(d, d) for d in a.shape]
+        nbytes = math.prod(dims) * jnp.dtype(a.dtype).itemsize
         if len(a.shape) >= 2 and a.shape[0] == _TRACE_BATCH:
-            split = [d for d in a.shape[1:] if d in tp_sizes] if tp and model_axis > 1 else []
+            split = [true_size.get(d, d) for d in a.shape[1:] if d in tp_sizes
+                     ] if tp and model_axis > 1 else []
             if split:  # GSPMD pads an uneven split: each device holds ceil(d / m) of d
                 nbytes *= math.ceil(split[0] / model_axis) / split[0]
             total += nbytes * batch_scale
@@ -263,7 +293,7 @@ def _residual_bytes(avals: Sequence[Any], *, batch_scale: float, model_axis: int
 def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
                      sequence_length: Mapping[str, int], model_axis: int = 1, tp: bool = False,
                      param_ratio: float = 1.0, packed: bool = True,
-                     fused: bool = True) -> dict[str, float]:
+                     fused: bool = True, gathered: bool = False) -> dict[str, float]:
     """Saved-activation bytes per device for every remat policy, ``{policy: bytes}``.
 
     Traced with 1-2 layers per stack (cached per config) and extrapolated to the config's
@@ -271,10 +301,22 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
     recomputation. ``param_ratio``: per-device / global parameter bytes (for weight casts).
     ``fused``: count what an accelerator compiler keeps after elementwise fusion (the cheaper
     of the ``_FUSION_PLANS``; XLA:TPU), not every residual of the jaxpr (XLA:CPU).
+    ``gathered``: the weights are sharded (FSDP), so elementwise chains that read one are
+    stored, not recomputed.
     """
     # Dimensions the TP rules shard; an `embed`-sized one never counts (activation_embed is
-    # replicated), even when heads x head_dim == emb_dim (a slight overestimate there).
-    joined = {config.num_heads * config.head_dim, config.kv_heads * config.head_dim}
+    # replicated). When heads x head_dim == emb_dim (T5: 12 x 64 = 768) the two are told apart
+    # by tracing with head_dim + 2 (even, for RoPE) and counting each traced dimension at its
+    # true size.
+    trace_config, true_size = config, {}
+    if tp and model_axis > 1 and config.emb_dim in (config.num_heads * config.head_dim,
+                                                    config.kv_heads * config.head_dim):
+        wide = config.head_dim + 2
+        trace_config = config.replace(head_dim=wide)
+        true_size = {wide: config.head_dim, config.num_heads * wide: config.num_heads
+                     * config.head_dim, config.kv_heads * wide: config.kv_heads * config.head_dim}
+    joined = {trace_config.num_heads * trace_config.head_dim,
+              trace_config.kv_heads * trace_config.head_dim}
     tp_sizes = {config.num_heads, config.kv_heads, config.mlp_dim, config.vocab_size,
                 *joined} - {config.emb_dim}
     enc_dec = config.has_encoder
@@ -293,12 +335,12 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
         for policy in REMAT_POLICIES:
             per: dict[str, float] = {}
             for name, (ne, nd) in variants.items():
-                cfg = config.replace(num_encoder_layers=ne, num_decoder_layers=nd,
-                                     remat_policy=policy, scan_layers=False)
+                cfg = trace_config.replace(num_encoder_layers=ne, num_decoder_layers=nd,
+                                           remat_policy=policy, scan_layers=False)
                 per[name] = _residual_bytes(
-                    _residuals(cfg, lengths, packed, plan_name),
-                    batch_scale=per_device_batch / _TRACE_BATCH,
-                    model_axis=model_axis, tp=tp, tp_sizes=tp_sizes, param_ratio=param_ratio)
+                    _residuals(cfg, lengths, packed, plan_name, gathered and bool(plan_name)),
+                    batch_scale=per_device_batch / _TRACE_BATCH, model_axis=model_axis,
+                    tp=tp, tp_sizes=tp_sizes, param_ratio=param_ratio, true_size=true_size)
             measured[policy] = per
         for policy, total in _extrapolate(config, measured).items():
             best[policy] = min(best.get(policy, math.inf), total)  # the cheaper fusion plan
@@ -391,16 +433,27 @@ def plan(
     param_b, opt_b = _shard_bytes(params, param_sh), _shard_bytes(opt_abstract, opt_sh)
     grads_b = param_b * (2 if num_microbatches > 1 else 1)
     global_params = _global_bytes(params)
+    sharded = param_b < global_params
     acts = activation_bytes(
         config, per_device_batch=per_device_batch, sequence_length=sequence_length,
         model_axis=shape[2], tp=preset in _TP_PRESETS,
         param_ratio=param_b / max(global_params, 1), packed=packed,
-        fused=compiler != "cpu")
-    gathered = gathered_weight_bytes(params, config.activation_dtype, param_b < global_params,
+        fused=compiler != "cpu", gathered=sharded)
+    gathered = gathered_weight_bytes(params, config.activation_dtype, sharded,
                                      shape[2] if preset in _TP_PRESETS else 1)
-    totals = {k: param_b + opt_b + grads_b + gathered + v for k, v in acts.items()}
-
     parts = model.flops_breakdown(dict(sequence_length))
+    # The f32 gradient of the logits, [batch, positions, vocab] per device (vocab split by TP).
+    positions = parts["output"] / (6 * config.emb_dim * config.vocab_size)
+    logits_grad = (per_device_batch * positions * config.vocab_size * 4
+                   / (shape[2] if preset in _TP_PRESETS else 1))
+    if compiler == "cpu":  # XLA:CPU: every residual and the whole gradient at once
+        temp = {k: grads_b + gathered + v for k, v in acts.items()}
+    else:  # the peak is where the backward pass starts (see the module docstring)
+        accum = grads_b - param_b
+        temp = {k: HEAP_OVERHEAD * (accum + gathered + max(v + logits_grad, param_b))
+                for k, v in acts.items()}
+    totals = {k: param_b + opt_b + v for k, v in temp.items()}
+
     flops = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
     attn = float(parts["attention"]) * batch_size
     layers = flops - float(parts["output"]) * batch_size
@@ -420,7 +473,8 @@ def plan(
         "remat": remat,
         "bytes_per_device": {
             "params": param_b, "optimizer_state": opt_b, "gradients": grads_b,
-            "gathered_weights": gathered, "activations": acts, "total": totals,
+            "gathered_weights": gathered, "activations": acts, "logits_gradient": logits_grad,
+            "temp": temp, "total": totals,
         },
         "global_bytes": {"params": global_params, "optimizer_state": _global_bytes(opt_abstract)},
         "total_bytes": totals[remat],
@@ -500,6 +554,7 @@ def format_plan(result: Mapping[str, Any]) -> str:
         f"  optimizer state          {gib(b['optimizer_state'])}",
         f"  gradients                {gib(b['gradients'])}",
         f"  all-gathered weights     {gib(b['gathered_weights'])}",
+        f"  logits gradient (f32)    {gib(b['logits_gradient'])}",
     ]
     for policy, act in b["activations"].items():
         mark = " <-" if policy == result["remat"] else ""

@@ -61,7 +61,8 @@ def test_plan_matches_xla_memory_analysis(mesh_shape, preset, optimizer, remat) 
     b = result["bytes_per_device"]
     state = b["params"] + b["optimizer_state"]
     xla_state = analysis.argument_size_in_bytes - batch_bytes
-    temp = b["gradients"] + b["gathered_weights"] + b["activations"][remat]
+    temp = b["temp"][remat]
+    assert temp == b["gradients"] + b["gathered_weights"] + b["activations"][remat]  # XLA:CPU
     ratio = temp / analysis.temp_size_in_bytes
     print(f"{preset} {optimizer} remat={remat}: state {state}/{xla_state}, "
           f"temp ratio {ratio:.3f}")
@@ -113,6 +114,81 @@ def test_fusion_roots_store_a_softmax_once_and_recompute_masks() -> None:
     square = 256 * 256 * 4  # one f32 [256, 256]
     assert nbytes(residuals) >= 2 * square  # the jaxpr keeps several [256, 256] arrays
     assert square <= nbytes(roots) < 1.2 * square  # the scores once, plus row statistics
+
+
+@pytest.mark.parametrize("plan_name", sorted(PL._FUSION_PLANS))  # noqa: SLF001
+def test_a_chain_through_a_gathered_weight_is_stored(plan_name) -> None:
+    """A norm's ``x * rsqrt(mean(x^2)) * scale`` saved for the next matmul's backward: from a
+    replicated ``scale`` it is recomputed (x is an input); from an all-gathered one (FSDP)
+    XLA:TPU stores it."""
+    import jax.numpy as jnp
+
+    def f(scale, w, x):
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True)) * scale
+        return jnp.sum(jnp.tanh(y @ w))
+
+    args = (jax.ShapeDtypeStruct((256,), jnp.float32),
+            jax.ShapeDtypeStruct((256, 256), jnp.float32),
+            jax.ShapeDtypeStruct((512, 256), jnp.float32))
+
+    def saved(scale, w, x):
+        return jax.tree.leaves(jax.vjp(lambda s_, w_: f(s_, w_, x), scale, w)[1])
+
+    jaxpr = jax.make_jaxpr(saved)(*args).jaxpr
+    inputs = {id(v) for v in jaxpr.invars}
+    residuals = [v for v in jaxpr.outvars if hasattr(v, "aval") and id(v) not in inputs
+                 and v.aval.shape]
+    roots = PL._FUSION_PLANS[plan_name]  # noqa: SLF001
+    replicated = [v.aval.shape for v in roots(jaxpr, residuals)]
+    gathered = [v.aval.shape for v in roots(jaxpr, residuals, {id(jaxpr.invars[0])})]
+    assert replicated.count((512, 256)) == 1, replicated  # the matmul output (tanh's input)
+    assert gathered.count((512, 256)) == 2, gathered  # and the normed activations
+
+
+def test_accelerator_temp_is_the_backward_pass_start() -> None:
+    """XLA:TPU's peak: every residual plus the f32 logits gradient, not the whole parameter
+    gradient on top (that grows as residuals are freed); XLA:CPU holds both."""
+    cfg = TransformerConfig(**TINY)
+    kw = dict(batch_size=16, sequence_length=LENGTHS, mesh_shape=(1, 8, 1), preset="fsdp")
+    for microbatches in (1, 2):
+        r = PL.plan(cfg, num_microbatches=microbatches, **kw)
+        b = r["bytes_per_device"]
+        positions = LENGTHS["targets"]  # an encoder-decoder's logits: one row per target
+        assert b["logits_gradient"] == r["per_device_batch"] * positions * cfg.vocab_size * 4
+        accum = b["params"] if microbatches > 1 else 0
+        for policy, acts in b["activations"].items():
+            want = (accum + b["gathered_weights"]
+                    + max(acts + b["logits_gradient"], b["params"])) * PL.HEAP_OVERHEAD
+            assert b["temp"][policy] == pytest.approx(want)
+            assert b["total"][policy] == pytest.approx(
+                b["params"] + b["optimizer_state"] + want)
+    cpu = PL.plan(cfg, compiler="cpu", **kw)["bytes_per_device"]
+    assert cpu["temp"]["none"] == (cpu["gradients"] + cpu["gathered_weights"]
+                                   + cpu["activations"]["none"])
+
+
+def test_fsdp_stores_what_data_parallel_recomputes() -> None:
+    """Same per-device batch: FSDP's activations exceed data parallel's (norm outputs read an
+    all-gathered scale, so they are stored)."""
+    cfg = TransformerConfig(**TINY)
+    kw = dict(batch_size=16, sequence_length=LENGTHS)
+    dp = PL.plan(cfg, mesh_shape=(8, 1, 1), preset="data_parallel", **kw)
+    fsdp = PL.plan(cfg, mesh_shape=(1, 8, 1), preset="fsdp", **kw)
+    assert dp["per_device_batch"] == fsdp["per_device_batch"]
+    assert fsdp["bytes_per_device"]["activations"]["none"] > 1.02 * dp["bytes_per_device"][
+        "activations"]["none"]
+
+
+def test_tensor_parallel_splits_heads_even_when_they_join_to_d_model() -> None:
+    """heads x head_dim == emb_dim (as in T5): the q/k/v activations still split over `model`,
+    by the same fraction as with a head_dim whose joined size differs from emb_dim."""
+    fractions = []
+    for head_dim in (16, 18):  # 4 x 16 == emb_dim 64; 4 x 18 == 72
+        cfg = TransformerConfig(**{**TINY, "head_dim": head_dim})
+        acts = [PL.activation_bytes(cfg, per_device_batch=8, sequence_length=LENGTHS,
+                                    model_axis=m, tp=True)["none"] for m in (1, 4)]
+        fractions.append(acts[1] / acts[0])
+    assert fractions[0] == pytest.approx(fractions[1], rel=0.03), fractions
 
 
 def test_remat_policies_order_and_adafactor_is_smaller_than_adamw() -> None:

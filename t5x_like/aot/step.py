@@ -403,7 +403,8 @@ def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
         "bytes_per_device": {
             "params": b["params"], "optimizer_state": b["optimizer_state"],
             "gradients": b["gradients"], "gathered_weights": b["gathered_weights"],
-            "activations": b["activations"][remat], "total": b["total"][remat],
+            "activations": b["activations"][remat], "logits_gradient": b["logits_gradient"],
+            "temp": b["temp"][remat], "total": b["total"][remat],
         },
         "flops_per_device": result["flops_per_device_per_step"]
         + result["recompute_flops_per_step"][remat] / result["num_devices"],
@@ -421,13 +422,13 @@ def batch_bytes_per_device(run: Run) -> int:
 def compare(plan_est: Mapping[str, Any], train: Mapping[str, Any],
             batch_bytes: int) -> dict[str, float]:
     """Planner / compiler ratios: state (params + optimizer vs arguments - batch), temp
-    (gradients + gathered + activations vs temporaries), total (vs peak), flops."""
+    (the planner's gradients / gathered weights / activations vs temporaries), total (vs
+    peak), flops."""
     pb, xb = plan_est["bytes_per_device"], train["bytes_per_device"]
     state = pb["params"] + pb["optimizer_state"]
-    temp = pb["gradients"] + pb["gathered_weights"] + pb["activations"]
     out = {
         "state": state / max(xb["argument"] - batch_bytes, 1),
-        "temp": temp / max(xb["temp"], 1),
+        "temp": pb["temp"] / max(xb["temp"], 1),
         "total": pb["total"] / max(xb["peak"], 1),
     }
     if train.get("xla_flops"):
@@ -479,8 +480,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     plan_b = (report.get("plan") or {}).get("bytes_per_device", {})
     plan_rows = {"argument": (plan_b.get("params", 0) + plan_b.get("optimizer_state", 0))
                  if plan_b else None,
-                 "temp": (plan_b.get("gradients", 0) + plan_b.get("gathered_weights", 0)
-                          + plan_b.get("activations", 0)) if plan_b else None,
+                 "temp": plan_b.get("temp"),
                  "peak": plan_b.get("total")}
     for row in ("argument", "output", "alias", "temp", "peak"):
         cells = "".join(f"{_gib(s.get('bytes_per_device', {}).get(row)):>10}"
@@ -568,8 +568,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
         ratio = (report.get("plan_over_compiler") or {}).get("total")
         if ratio is None and train and train.get("oom_temp_bytes"):
             pb = report["plan"]["bytes_per_device"]
-            ratio = (pb["gradients"] + pb["gathered_weights"] + pb["activations"]) / train[
-                "oom_temp_bytes"]
+            ratio = pb["temp"] / train["oom_temp_bytes"]
             report["plan_over_compiler"] = {"temp_from_oom_message": round(ratio, 4)}
         report["calibration"] = ratio or 1.0
         report["suggestion"] = suggest_fit(run, target, ratio)
