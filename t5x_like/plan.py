@@ -434,11 +434,14 @@ def plan(
     grads_b = param_b * (2 if num_microbatches > 1 else 1)
     global_params = _global_bytes(params)
     sharded = param_b < global_params
+    # Weights split over `fsdp` are all-gathered before use (tensor-parallel splits are not).
+    fsdp_gathered = shape[1] > 1 and any(
+        "fsdp" in jax.tree.leaves(tuple(s.spec)) for s in jax.tree.leaves(param_sh))
     acts = activation_bytes(
         config, per_device_batch=per_device_batch, sequence_length=sequence_length,
         model_axis=shape[2], tp=preset in _TP_PRESETS,
         param_ratio=param_b / max(global_params, 1), packed=packed,
-        fused=compiler != "cpu", gathered=sharded)
+        fused=compiler != "cpu", gathered=fsdp_gathered)
     gathered = gathered_weight_bytes(params, config.activation_dtype, sharded,
                                      shape[2] if preset in _TP_PRESETS else 1)
     parts = model.flops_breakdown(dict(sequence_length))

@@ -421,9 +421,8 @@ def batch_bytes_per_device(run: Run) -> int:
 
 def compare(plan_est: Mapping[str, Any], train: Mapping[str, Any],
             batch_bytes: int) -> dict[str, float]:
-    """Planner / compiler ratios: state (params + optimizer vs arguments - batch), temp
-    (the planner's gradients / gathered weights / activations vs temporaries), total (vs
-    peak), flops."""
+    """Planner / compiler ratios: state (params + optimizer vs arguments - batch), temp (the
+    planner's temporaries vs XLA's), total (vs peak), flops."""
     pb, xb = plan_est["bytes_per_device"], train["bytes_per_device"]
     state = pb["params"] + pb["optimizer_state"]
     out = {
