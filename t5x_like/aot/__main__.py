@@ -27,6 +27,19 @@ import sys
 from collections.abc import Sequence
 
 STEPS = {"train": ("train",), "eval": ("eval",), "both": ("train", "eval")}
+#: stderr lines the compiler plugins print while loading on a host without GPUs or TPUs (the
+#: CUDA plugin's driver probe; libtpu's search for a TPU VM's accelerator type and workers),
+#: reporting nothing wrong for a deviceless compile. Dropped at start-up only.
+STARTUP_NOISE = re.compile(
+    rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|\S+ +\S+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine.*"
+    rb"|Failed to find host bounds for accelerator type: WARNING: could not determine TPU "
+    rb"accelerator type.*"
+    rb"|WARNING: Logging before InitGoogle\(\) is written to STDERR"
+    rb"|\S+ +\S+ +\d+ common_lib\.cc:\d+\] INVALID_ARGUMENT: Error: unexpected worker hostname "
+    rb"'WARNING: could not determine TPU worker hostnames.*"
+    rb"|=== Source Location Trace: === ?"
+    rb"|learning/\S+/libtpu_init_utils\.cc:\d+)$")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +97,10 @@ def _option_value(text: str) -> bool | int | float | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    from t5x_like.train import cli
+    from t5x_like import tf_setup
+
+    with tf_setup.drop_stderr_lines(STARTUP_NOISE):  # importing jax loads the plugins
+        from t5x_like.train import cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -94,14 +110,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(rest)
     _prepare_environment(args.target)
-    from t5x_like.aot import step as A
-
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    try:
-        target = A.resolve_target(args.target, args.hbm_gb)
-    except A.TargetError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    with tf_setup.drop_stderr_lines(STARTUP_NOISE):  # backends and libtpu initialise here
+        import jax
+
+        from t5x_like.aot import step as A
+
+        jax.devices()
+        try:
+            target = A.resolve_target(args.target, args.hbm_gb)
+        except A.TargetError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     log(f"[aot] target {target.description}")
     bindings = [*args.gin_bindings, *gin_flags]
     bad = [o for o in args.xla_option if "=" not in o]

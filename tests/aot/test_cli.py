@@ -148,3 +148,32 @@ def test_xla_option_values_are_typed() -> None:
     assert _option_value("false") is False and _option_value("True") is True
     assert _option_value("0") == 0 and _option_value("0.5") == 0.5
     assert _option_value("/tmp/dump") == "/tmp/dump"
+
+
+def test_startup_noise_is_the_plugins_probe_lines_only() -> None:
+    """What the CUDA plugin and libtpu print while loading on a host without accelerators (as
+    seen in .venv-aot) is dropped; errors and our own lines are not."""
+    from t5x_like.aot.__main__ import STARTUP_NOISE
+
+    noise = [
+        b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        b"I0000 00:00:1795554434.240661   30559 cudart_stub.cc:31] Could not find cuda drivers "
+        b"on your machine, GPU will not be used.",
+        b"Failed to find host bounds for accelerator type: WARNING: could not determine TPU "
+        b"accelerator type, please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise "
+        b"libtpu.so may not properly initialize.",
+        b"WARNING: Logging before InitGoogle() is written to STDERR",
+        b"E0000 00:00:1795554435.727543   30559 common_lib.cc:554] INVALID_ARGUMENT: Error: "
+        b"unexpected worker hostname 'WARNING: could not determine TPU worker hostnames or IP "
+        b"addresses' from env var TPU_WORKER_HOSTNAMES.",
+        b"=== Source Location Trace: ===",
+        b"learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327",
+    ]
+    kept = [
+        b"error: TPU target 'v9z-3': unknown generation 'v9z'",
+        b"[aot] target v5e-8: v5e:2x4 (8 x TPU v5 lite, default)",
+        b"E0000 00:00:1795554435.727543   30559 common_lib.cc:554] INVALID_ARGUMENT: bad shape",
+        b"Traceback (most recent call last):",
+    ]
+    assert all(STARTUP_NOISE.match(line) for line in noise)
+    assert not any(STARTUP_NOISE.match(line) for line in kept)
