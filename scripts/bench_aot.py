@@ -304,7 +304,7 @@ NOTES = """
   H100 (with autotuning) hits it is unverified: no GPU was available.
 - **Planner, XLA:GPU (not calibrated).** With cuBLAS GEMMs, XLA:GPU keeps more than XLA:TPU
   (no convert/epilogue fusion into the GEMMs): the fused estimate is 0.67x of its peak for
-  T5-small data parallel on 8 x H100 (0.65-0.80x for the T5-base / T5-large rows), the
+  T5-small data parallel on 8 x H100 (0.60-0.69x for the T5-base / T5-large rows), the
   every-residual one 1.69x. Calibrating GPU needs the
   Triton-GEMM path that real GPUs take, i.e. a compile that succeeds with it.
 - **Planner, tensor parallelism (fixed).** With 12 heads on a model axis of 8 (`fsdp_tp` on
@@ -331,19 +331,20 @@ NOTES = """
   residual-stream copies of data parallel: a norm's `x * rsqrt(var) * scale` reads the
   all-gathered `scale` (an all-reduce output), and XLA does not recompute a chain through a
   collective's output inside the backward fusion, it stores it. The planner now stores such
-  chains when the weights are sharded (`plan._fusion_roots_*(..., gathered)`): `fsdp` on v5e-16
-  T5-small 0.68x -> 0.87x, T5-base 0.735x -> 0.87x. The rest is collective buffers and MLP /
-  projection copies XLA's schedule keeps longer (per-shape diff of the live sets), unmodelled.
+  chains when the weights are split over `fsdp` (`plan._fusion_roots_*(..., gathered)`):
+  `fsdp` on v5e-16 T5-small 0.68x -> 0.87x, T5-base 0.735x -> 0.87x. With a `model` axis as
+  well (`fsdp_tp`) the dumps show XLA recomputing the norm outputs again (only the norm inputs
+  are stored, T5-small and T5-base alike), so the rule is for pure FSDP. The rest of the FSDP
+  gap is collective buffers and MLP / projection copies XLA's schedule keeps longer (per-shape
+  diff of the live sets), unmodelled.
   XLA's `cost_analysis` reports ~22% fewer FLOPs for the FSDP steps than for the same model
   data parallel (hence plan/XLA FLOPs 1.26-1.28 there); the computation is the same, so the
   planner is left as it is.
-- **Planner, FSDP + TP (improved, still over).** With heads x head_dim == d_model (T5: 12 x 64
-  = 768) the planner could not tell the q/k/v / attention-output activations (split over
-  `model`) from the residual stream (replicated) and counted them whole. It now traces with
-  head_dim + 2 and counts each dimension at its true size: T5-base `fsdp_tp` (1x4x4) 1.54x ->
-  1.20x (after the two changes above; 1.21x before any of them), T5-small 1.07x. T5-base's
-  remaining 20% is an overestimate (the safe side): XLA keeps ~2 residual-stream copies per
-  encoder layer under FSDP + TP where the planner keeps 4.
+- **Planner, FSDP + TP (fixed).** With heads x head_dim == d_model (T5: 12 x 64 = 768) the
+  planner could not tell the q/k/v / attention-output activations (split over `model`) from
+  the residual stream (replicated) and counted them whole. It now traces with head_dim + 2 and
+  counts each dimension at its true size. T5-base `fsdp_tp` (1x4x4): 1.21x -> 0.97x, T5-small
+  0.87x.
 - **T5-large.** `fsdp` on 8 x H100 (cuBLAS GEMMs) compiles: 25.8 GiB peak of 80, planner 0.58x
   (as T5-base, the uncalibrated GPU model). On v5e-16 the compile ran out of this machine's 24 GiB
   host RAM after 7 min (killed by the kernel OOM killer), so it runs only with `--heavy`, like

@@ -435,7 +435,9 @@ def plan(
     global_params = _global_bytes(params)
     sharded = param_b < global_params
     # Weights split over `fsdp` are all-gathered before use (tensor-parallel splits are not).
-    fsdp_gathered = shape[1] > 1 and any(
+    # With a `model` axis too, XLA:TPU recomputes the norm outputs all the same (T5 fsdp_tp on
+    # v5e-16 stores only the norm inputs), so the rule is for pure FSDP.
+    fsdp_gathered = shape[1] > 1 and not (preset in _TP_PRESETS and shape[2] > 1) and any(
         "fsdp" in jax.tree.leaves(tuple(s.spec)) for s in jax.tree.leaves(param_sh))
     acts = activation_bytes(
         config, per_device_batch=per_device_batch, sequence_length=sequence_length,
