@@ -87,6 +87,19 @@ def test_accelerator_estimate_keeps_fusion_roots_only() -> None:
         PL.plan(cfg, compiler="gpu", **kw)
 
 
+def _vjp_residuals(f, args) -> tuple:
+    """The jaxpr of what ``jax.vjp`` of ``f`` w.r.t. its first two arguments saves (the last
+    argument is a constant input), and those residuals (inputs and scalars excluded)."""
+
+    def saved(a, b, c):
+        return jax.tree.leaves(jax.vjp(lambda a_, b_: f(a_, b_, c), a, b)[1])
+
+    jaxpr = jax.make_jaxpr(saved)(*args).jaxpr
+    inputs = {id(v) for v in jaxpr.invars}
+    return jaxpr, [v for v in jaxpr.outvars if hasattr(v, "aval") and id(v) not in inputs
+                   and v.aval.shape]
+
+
 def test_fusion_roots_store_a_softmax_once_and_recompute_masks() -> None:
     """exp, probabilities and their bf16 copy share one root (the f32 scores); a mask computed
     from an input costs nothing; a matmul output stays."""
@@ -102,13 +115,7 @@ def test_fusion_roots_store_a_softmax_once_and_recompute_masks() -> None:
             jax.ShapeDtypeStruct((256, 64), jnp.bfloat16),
             jax.ShapeDtypeStruct((256,), jnp.int32))
 
-    def saved(q, k, seg):
-        return jax.tree.leaves(jax.vjp(lambda q_, k_: f(q_, k_, seg), q, k)[1])
-
-    jaxpr = jax.make_jaxpr(saved)(*args).jaxpr
-    inputs = {id(v) for v in jaxpr.invars}
-    residuals = [v for v in jaxpr.outvars if hasattr(v, "aval") and id(v) not in inputs
-                 and v.aval.shape]
+    jaxpr, residuals = _vjp_residuals(f, args)
     nbytes = lambda vs: sum(PL._nbytes(v.aval) for v in vs)  # noqa: SLF001
     roots = PL._fusion_roots_shared(jaxpr, residuals)  # noqa: SLF001
     square = 256 * 256 * 4  # one f32 [256, 256]
@@ -131,13 +138,7 @@ def test_a_chain_through_a_gathered_weight_is_stored(plan_name) -> None:
             jax.ShapeDtypeStruct((256, 256), jnp.float32),
             jax.ShapeDtypeStruct((512, 256), jnp.float32))
 
-    def saved(scale, w, x):
-        return jax.tree.leaves(jax.vjp(lambda s_, w_: f(s_, w_, x), scale, w)[1])
-
-    jaxpr = jax.make_jaxpr(saved)(*args).jaxpr
-    inputs = {id(v) for v in jaxpr.invars}
-    residuals = [v for v in jaxpr.outvars if hasattr(v, "aval") and id(v) not in inputs
-                 and v.aval.shape]
+    jaxpr, residuals = _vjp_residuals(f, args)
     roots = PL._FUSION_PLANS[plan_name]  # noqa: SLF001
     replicated = [v.aval.shape for v in roots(jaxpr, residuals)]
     gathered = [v.aval.shape for v in roots(jaxpr, residuals, {id(jaxpr.invars[0])})]
