@@ -25,8 +25,8 @@ remat=...)`` computes, per device and without allocating anything:
   un-rematerialised residuals are added for the recomputation during the backward pass.
   By default (``compiler='accelerator'``) only what XLA:TPU / XLA:GPU keep after fusion is
   counted: a residual computed from others through elementwise ops only is recomputed inside
-  the backward fusion (``_FUSION_PLANS``), unless it reads an all-gathered (FSDP) weight, which
-  XLA does not recompute from; ``compiler='cpu'`` counts every residual, as XLA:CPU keeps them
+  the backward fusion (``_FUSION_PLANS``), unless it reads a weight all-gathered by pure FSDP,
+  which XLA does not recompute from; ``compiler='cpu'`` counts every residual, as XLA:CPU keeps them
   (the every-residual count was 2.5x XLA:TPU's total for T5-base on v5e-16);
 - FLOPs per step: ``model.flops_per_sequence`` x batch, plus what each remat policy recomputes.
 
@@ -99,7 +99,8 @@ def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int]
                packed: bool, fused: str = "", gathered: bool = False) -> tuple[Any, ...]:
     """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (inputs excluded);
     ``fused``: what is left after elementwise fusion under that plan (``_FUSION_PLANS``);
-    ``gathered``: the weights are sharded, so each reaches the step through a collective."""
+    ``gathered``: the weights are split over ``fsdp`` (pure FSDP), so each reaches the step
+    through a collective."""
     model = make_model(config)
     lengths = dict(sequence_length)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
@@ -301,8 +302,8 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
     recomputation. ``param_ratio``: per-device / global parameter bytes (for weight casts).
     ``fused``: count what an accelerator compiler keeps after elementwise fusion (the cheaper
     of the ``_FUSION_PLANS``; XLA:TPU), not every residual of the jaxpr (XLA:CPU).
-    ``gathered``: the weights are sharded (FSDP), so elementwise chains that read one are
-    stored, not recomputed.
+    ``gathered``: the weights are split over ``fsdp`` with no ``model`` axis (pure FSDP), so
+    elementwise chains that read one are stored, not recomputed.
     """
     # Dimensions the TP rules shard; an `embed`-sized one never counts (activation_embed is
     # replicated). When heads x head_dim == emb_dim (T5: 12 x 64 = 768) the two are told apart
