@@ -10,6 +10,7 @@ from t5x_like.models.model import (
     DecoderOnlyModel,
     EncoderDecoderModel,
     cross_entropy_with_z_loss,
+    is_argmax,
     make_model,
     parameter_count,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "TransformerConfig",
     "attend",
     "cross_entropy_with_z_loss",
+    "is_argmax",
     "make_mask_spec",
     "make_model",
     "parameter_count",

@@ -128,3 +128,17 @@ def test_pallas_agrees_with_xla():
     assert spec.dense_mask is None and spec.dense_bias is None  # small inputs only
     valid = np.asarray(spec.q_segment_ids) != 0  # fully masked (padding) rows are unspecified
     np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(xla)[valid], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bias_batch", [1, 3])
+def test_add_bias_gradient_sums_a_shared_bias_over_the_batch(bias_batch):
+    """`add_bias`'s hand-written gradient (a contraction with ones) equals autodiff's."""
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(3, 2, 4, 5)), jnp.float32)
+    bias = jnp.asarray(rng.normal(size=(bias_batch, 2, 4, 5)), jnp.float32)
+    cotangent = jnp.asarray(rng.normal(size=(3, 2, 4, 5)), jnp.float32)
+    ours = jax.grad(lambda a, b: jnp.sum(attention.add_bias(a, b) * cotangent), (0, 1))
+    ref = jax.grad(lambda a, b: jnp.sum((a + b) * cotangent), (0, 1))
+    for a, b in zip(ours(logits, bias), ref(logits, bias), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

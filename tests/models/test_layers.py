@@ -1,4 +1,4 @@
-"""Position encodings and building blocks: relative buckets, RoPE, norms, MLP naming."""
+"""Building blocks: projections, relative buckets, RoPE, norms, MLP naming."""
 
 import flax.linen as nn
 import gin
@@ -12,6 +12,7 @@ from t5x_like.models.layers import (
     MlpBlock,
     RMSNorm,
     apply_rope,
+    project,
     relative_bias,
     rope_frequencies,
 )
@@ -109,3 +110,25 @@ def test_mlp_parameter_names(acts, names):
     assert nn.get_partition_spec(params)["wo"]["kernel"] == jax.sharding.PartitionSpec(
         "mlp", "embed"
     )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_project_matches_jnp_dot_and_its_gradients(dtype):
+    """`project`'s hand-written backward pass is autodiff's of `jnp.dot`, in the input dtype."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 5, 8)), dtype)
+    kernel = jnp.asarray(rng.normal(size=(8, 3)), dtype)
+    cotangent = jnp.asarray(rng.normal(size=(2, 5, 3)), dtype)
+
+    def loss(fn):
+        return lambda a, b: jnp.sum((fn(a, b) * cotangent).astype(jnp.float32))
+
+    tol = 1e-6 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(project(x, kernel), np.float32),
+                               np.asarray(jnp.dot(x, kernel), np.float32), rtol=tol, atol=tol)
+    ours = jax.grad(loss(project), argnums=(0, 1))(x, kernel)
+    ref = jax.grad(loss(jnp.dot), argnums=(0, 1))(x, kernel)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.dtype == b.dtype == dtype
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tol, atol=tol)

@@ -11,6 +11,7 @@ import pytest
 from t5x_like.models import (
     TransformerConfig,
     cross_entropy_with_z_loss,
+    is_argmax,
     make_model,
     parameter_count,
 )
@@ -41,6 +42,56 @@ def test_cross_entropy_label_smoothing_and_z_loss():
     # A confident correct prediction costs ~0 even with smoothing (the entropy is subtracted).
     perfect = np.log(soft).astype(np.float32)
     assert np.abs(xent(perfect, targets, z_loss=0.0, label_smoothing=0.1)[0]).max() < 1e-4
+
+
+def test_is_argmax_is_argmax_with_ties_to_the_first_index():
+    rng = np.random.default_rng(3)
+    logits = rng.integers(0, 3, (4, 50, 6)).astype(np.float32)  # many ties
+    targets = rng.integers(0, 6, (4, 50))
+    expected = np.argmax(logits, -1) == targets
+    np.testing.assert_array_equal(jax.jit(is_argmax)(jnp.asarray(logits), jnp.asarray(targets)),
+                                  expected)
+    assert 0 < expected.mean() < 1
+
+
+def _reference_cross_entropy(logits, targets, z_loss, label_smoothing):
+    """Autodiff's version: log-softmax, then the target's log-probability by lookup."""
+    vocab = logits.shape[-1]
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    log_probs = logits - log_z[..., None]
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    on, off = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+    entropy = -(on * np.log(on) + (vocab - 1) * off * np.log(off)) if label_smoothing else 0.0
+    xent = (on - off) * nll - off * jnp.sum(log_probs, axis=-1) - entropy
+    zl = z_loss * jnp.square(log_z)
+    return xent + zl, nll, zl
+
+
+@pytest.mark.parametrize("z_loss,label_smoothing", [(0.0, 0.0), (1e-2, 0.0), (1e-2, 0.1)])
+def test_cross_entropy_gradient_is_autodiffs(z_loss, label_smoothing):
+    """The closed-form gradient equals autodiff of the reference, with a cotangent on each of
+    the three outputs (the loss, and the NLL and z-loss metrics)."""
+    rng = np.random.default_rng(2)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 11)) * 3, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 11, (2, 3)), jnp.int32)
+    cts = [jnp.asarray(rng.normal(size=(2, 3)), jnp.float32) for _ in range(3)]
+
+    def weighted(fn):
+        def f(x):
+            outs = fn(x, targets, z_loss=z_loss, label_smoothing=label_smoothing)
+            return sum(jnp.sum(o * c) for o, c in zip(outs, cts, strict=True))
+        return f
+
+    ref = _reference_cross_entropy
+    ours_vals = cross_entropy_with_z_loss(logits, targets, z_loss=z_loss,
+                                          label_smoothing=label_smoothing)
+    ref_vals = ref(logits, targets, z_loss, label_smoothing)
+    for a, b in zip(ours_vals, ref_vals, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(weighted(cross_entropy_with_z_loss)))(logits),
+        jax.grad(weighted(lambda x, t, **kw: ref(x, t, kw["z_loss"], kw["label_smoothing"])))(
+            logits), rtol=1e-5, atol=1e-6)
 
 
 def test_loss_is_a_per_token_mean_over_weights_and_score_sums_log_likelihood():
