@@ -35,7 +35,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from t5x_like import infer
+from t5x_like import hugepages, infer
 from t5x_like.train import cli
 from t5x_like.train.checkpoints import CheckpointUnreadableError
 
@@ -285,4 +285,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+    hugepages.reexec_with_hugepages()  # huge pages for XLA:CPU's buffers (fine-tuning)
     sys.exit(main(sys.argv[1:]))

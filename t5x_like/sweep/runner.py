@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from t5x_like import hugepages
 from t5x_like.sweep import costs
 from t5x_like.sweep.config import ScaleSpec
 from t5x_like.sweep.grid import Cell
@@ -107,9 +108,10 @@ def prepare(cell: Cell, scale: ScaleSpec, sweep_dir: str) -> str:
 
 def child_env(cache_dir: str | None = None) -> dict[str, str]:
     """The subprocess environment: ours minus XLA's fake host device count (a test-suite
-    setting that would split the CPU into devices), unbuffered output, and JAX's persistent
-    compilation cache in `cache_dir` (every compiled program; unless the caller set one)."""
-    env = dict(os.environ)
+    setting that would split the CPU into devices), unbuffered output, JAX's persistent
+    compilation cache in `cache_dir` (every compiled program; unless the caller set one), and
+    huge pages for XLA:CPU's buffers (`t5x_like.hugepages`; set here, so no child re-executes)."""
+    env = hugepages.hugepage_env(os.environ)
     if cache_dir and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
