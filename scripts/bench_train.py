@@ -1,23 +1,34 @@
-"""Benchmark a full train step (forward + backward + Adafactor update) of the trainer.
+"""Benchmark the full train step (forward + backward + Adafactor update) against PyTorch.
 
-Models: T5 v1.1 small and base (512/114, packed) and a decoder-only LM of similar size
-(gin/models/decoder_only_small.gin at 626 = 512 + 114 tokens). Reports steps/s, tokens/s, model
-FLOP/s (analytic `flops_per_sequence`) and MFU (peak bf16 FLOP/s per device kind; n/a on CPU).
-On CPU it also times the same T5-small step in Hugging Face transformers (PyTorch, fp32,
-Adafactor) on identical shapes and reports our tokens/s / theirs. Writes benchmarks/train.md and
-benchmarks/train.json.
+Each measurement runs in a fresh process: ours (the trainer's jitted step, packed random
+batches) and, on CPU, the same model in Hugging Face transformers + PyTorch (fp32, Adafactor,
+identical shapes). A round runs every model on both sides, alternating which side goes first,
+plus a large fp32 matmul in JAX and in PyTorch (the machine's measured matmul peak). The report
+gives per model the median step time of each side, the per-round ratio (PyTorch step / ours:
+above 1 means we are faster) as median [min-max], and our model FLOP/s against that peak.
+`--profile` adds where our step's time goes (XLA:CPU thunks from a `jax.profiler` trace,
+grouped by forward / backward / optimizer and by kind). Writes benchmarks/train.{md,json}.
 
-    python scripts/bench_train.py [--batch 8] [--steps 5] [--models t5_1_1_small,...] [--no_hf]
+    python scripts/bench_train.py [--rounds 5] [--steps 5] [--models t5_1_1_small,tiny]
+        [--profile] [--no_torch] [--note "..."] [--render]
+
+Models: `t5_1_1_small` (512/114, batch 2 on CPU), `tiny` (gin/models/tiny.gin at the tiny sweep
+scale: BERT-style 64/64, batch 32), and ours only: `t5_1_1_base`, `decoder_only_small`.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import gzip
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,36 +36,37 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import gin  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from t5x_like.models import TransformerConfig, make_model  # noqa: E402
-from t5x_like.train import metrics as M  # noqa: E402
-from t5x_like.train import partitioning as P  # noqa: E402
-from t5x_like.train import train_state as TS  # noqa: E402
-from t5x_like.train import train_step as S  # noqa: E402
-from t5x_like.train.optimizers import create_optimizer  # noqa: E402
-
-MODELS = {
-    "t5_1_1_small": {"inputs": 512, "targets": 114},
-    "t5_1_1_base": {"inputs": 512, "targets": 114},
-    "decoder_only_small": {"targets": 626},
+#: name -> gin file, feature lengths, per-device batch on CPU, whether PyTorch has a twin.
+MODELS: dict[str, dict[str, Any]] = {
+    "t5_1_1_small": {"gin": "t5_1_1_small", "lengths": {"inputs": 512, "targets": 114},
+                     "cpu_batch": 2, "torch": True},
+    "tiny": {"gin": "tiny", "lengths": {"inputs": 64, "targets": 64}, "cpu_batch": 32,
+             "torch": True},
+    "t5_1_1_base": {"gin": "t5_1_1_base", "lengths": {"inputs": 512, "targets": 114},
+                    "cpu_batch": 2, "torch": False},
+    "decoder_only_small": {"gin": "decoder_only_small", "lengths": {"targets": 626},
+                           "cpu_batch": 2, "torch": False},
 }
 
 
-def model_config(name: str, dtype: str) -> TransformerConfig:
-    """The TransformerConfig of gin/models/<name>.gin (dropout off, activations in ``dtype``)."""
+def model_config(name: str, dtype: str) -> Any:
+    """The TransformerConfig of gin/models/<gin>.gin (dropout off, activations in ``dtype``)."""
+    import gin
+
+    from t5x_like.models import TransformerConfig
+
     gin.clear_config()
-    gin.parse_config_file(str(REPO / "gin" / "models" / f"{name}.gin"))
+    gin.parse_config_file(str(REPO / "gin" / "models" / f"{MODELS[name]['gin']}.gin"))
     cfg = TransformerConfig()
     gin.clear_config()
     return cfg.replace(dropout_rate=0.0, dtype=dtype)
 
 
-def random_batch(model: Any, seq: dict[str, int], batch: int, rng: np.random.Generator,
-                 vocab: int) -> dict[str, np.ndarray]:
+def random_batch(model: Any, seq: dict[str, int], batch: int, rng: Any,
+                 vocab: int) -> dict[str, Any]:
     """Fresh random tokens, packed layout with two segments per row (never all zeros)."""
+    import numpy as np
+
     out = {}
     for key, arr in model.example_batch(batch, seq, packed=True).items():
         n = arr.shape[1]
@@ -72,19 +84,39 @@ def random_batch(model: Any, seq: dict[str, int], batch: int, rng: np.random.Gen
     return {k: v.astype(np.int32) for k, v in out.items()}
 
 
-def bench_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]:
-    """Median step time of our jitted train step on all local devices (data parallel)."""
+def _our_step(name: str, batch: int, dtype: str) -> tuple[Any, ...]:
+    """(model, config, jitted step, state, batches-maker) on all local devices."""
+    import jax
+
+    from t5x_like.models import make_model
+    from t5x_like.train import partitioning as P
+    from t5x_like.train import train_state as TS
+    from t5x_like.train import train_step as S
+    from t5x_like.train.optimizers import create_optimizer
+
     cfg = model_config(name, dtype)
     model = make_model(cfg)
-    seq = MODELS[name]
     n_dev = jax.device_count()
     mesh = P.create_mesh((-1, 1, 1))
     rules = P.logical_axis_rules("fsdp")
     opt = create_optimizer("adafactor")
-    global_batch = batch * n_dev
-    plan = TS.sharded_state(model, opt, model.example_batch(n_dev, seq, packed=True), mesh, rules)
+    example = model.example_batch(n_dev, MODELS[name]["lengths"], packed=True)
+    plan = TS.sharded_state(model, opt, example, mesh, rules)
     state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
+    return model, cfg, step, state
+
+
+def worker_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]:
+    """Median step time of our jitted train step (data parallel over the local devices)."""
+    import jax
+    import numpy as np
+
+    from t5x_like.train import metrics as M
+
+    model, cfg, step, state = _our_step(name, batch, dtype)
+    seq = MODELS[name]["lengths"]
+    global_batch = batch * jax.device_count()
     rng = np.random.default_rng(0)
     batches = [random_batch(model, seq, global_batch, rng, cfg.vocab_size)
                for _ in range(steps + 1)]
@@ -99,41 +131,53 @@ def bench_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]:
         jax.block_until_ready((state, m))
         times.append(time.perf_counter() - t0)
     dt = statistics.median(times)
-    tokens = global_batch * sum(seq.values())
     flops = model.flops_per_sequence(seq) * global_batch
-    kind = jax.devices()[0].device_kind
-    mfu = M.mfu(flops / dt, n_dev, kind)
-    return {
-        "model": name, "framework": "t5x_like (jax)", "dtype": dtype, "batch": global_batch,
-        "sequence_length": seq, "steps_timed": len(times), "compile_s": round(compile_s, 1),
-        "step_s": dt, "steps_per_s": 1 / dt, "tokens_per_s": tokens / dt,
-        "model_tflop_per_s": flops / dt / 1e12, "mfu": mfu,
-        "loss": float(m["loss"]),
-    }
+    return {"side": "ours", "model": name, "framework": f"t5x_like (jax {jax.__version__})",
+            "device_kind": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
+            "batch": global_batch, "compile_s": compile_s, "step_s": dt, "steps_s": times,
+            "flops_per_step": flops, "tokens_per_step": global_batch * sum(seq.values()),
+            "mfu": M.mfu(flops / dt, jax.device_count(), jax.devices()[0].device_kind),
+            "loss": float(m["loss"])}
 
 
-def bench_hf_t5_small(batch: int, steps: int) -> dict[str, Any]:
-    """The same T5 v1.1 small train step in transformers + PyTorch (CPU, fp32, Adafactor)."""
+def torch_t5_config(cfg: Any) -> Any:
+    """The Hugging Face T5Config of an encoder-decoder TransformerConfig (same shapes)."""
+    from transformers import T5Config
+
+    acts = tuple(cfg.mlp_activations)
+    ffn = {("gelu", "linear"): "gated-gelu", ("relu",): "relu", ("silu", "linear"): "gated-silu"}
+    if acts not in ffn or cfg.family != "encoder_decoder":
+        raise ValueError(f"no Hugging Face T5 twin for {cfg.family} with MLP {acts}")
+    return T5Config(
+        vocab_size=cfg.vocab_size, d_model=cfg.emb_dim, d_kv=cfg.head_dim, d_ff=cfg.mlp_dim,
+        num_layers=cfg.num_encoder_layers, num_decoder_layers=cfg.num_decoder_layers,
+        num_heads=cfg.num_heads, feed_forward_proj=ffn[acts],
+        relative_attention_num_buckets=cfg.relative_attention_num_buckets,
+        relative_attention_max_distance=cfg.relative_attention_max_distance,
+        tie_word_embeddings=cfg.logits_via_embedding, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0)
+
+
+def worker_torch(name: str, batch: int, steps: int) -> dict[str, Any]:
+    """The same step in transformers + PyTorch (CPU, fp32, T5's Adafactor settings)."""
+    import numpy as np
     import torch
     import transformers
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import T5ForConditionalGeneration
     from transformers.optimization import Adafactor
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    cfg = T5Config(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8,
-                   num_decoder_layers=8, num_heads=6, feed_forward_proj="gated-gelu",
-                   tie_word_embeddings=False, dropout_rate=0.0, decoder_start_token_id=0,
-                   pad_token_id=0)
-    model = T5ForConditionalGeneration(cfg).train()
+    cfg = model_config(name, "float32")
+    model = T5ForConditionalGeneration(torch_t5_config(cfg)).train()
     opt = Adafactor(model.parameters(), lr=1e-2, scale_parameter=True, relative_step=False,
                     warmup_init=False, decay_rate=-0.8, clip_threshold=1.0)
-    seq = MODELS["t5_1_1_small"]
+    seq = MODELS[name]["lengths"]
     rng = np.random.default_rng(0)
     times = []
     for i in range(steps + 1):
-        inputs = torch.from_numpy(rng.integers(3, 32000, (batch, seq["inputs"])))
-        labels = torch.from_numpy(rng.integers(3, 32000, (batch, seq["targets"])))
+        inputs = torch.from_numpy(rng.integers(3, cfg.vocab_size - 100, (batch, seq["inputs"])))
+        labels = torch.from_numpy(rng.integers(3, cfg.vocab_size - 100, (batch, seq["targets"])))
         t0 = time.perf_counter()
         out = model(input_ids=inputs, labels=labels)
         out.loss.backward()
@@ -141,103 +185,308 @@ def bench_hf_t5_small(batch: int, steps: int) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         if i:
             times.append(time.perf_counter() - t0)
-    dt = statistics.median(times)
-    tokens = batch * sum(seq.values())
-    return {
-        "model": "t5_1_1_small",
-        "framework": f"transformers {transformers.__version__} + torch {torch.__version__}",
-        "dtype": "float32", "batch": batch,
-        "sequence_length": seq, "steps_timed": len(times), "step_s": dt, "steps_per_s": 1 / dt,
-        "tokens_per_s": tokens / dt, "loss": float(out.loss.detach()),
-    }
+    return {"side": "torch", "model": name,
+            "framework": f"transformers {transformers.__version__} + torch {torch.__version__}",
+            "batch": batch, "step_s": statistics.median(times), "steps_s": times,
+            "tokens_per_step": batch * sum(seq.values()), "loss": float(out.loss.detach())}
 
 
-def write_report(rows: list[dict], hf: dict | None, hf_skip: str | None, out_dir: Path,
-                 args: argparse.Namespace) -> None:
+def worker_peak(n: int = 2048, reps: int = 10) -> dict[str, Any]:
+    """fp32 GFLOP/s of an n x n x n matmul in JAX (XLA:CPU) and PyTorch, median of reps."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, a).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a, a).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    out = {"side": "peak", "jax_gflops": 2 * n**3 / statistics.median(times) / 1e9}
+    if jax.devices()[0].platform == "cpu":
+        try:
+            import torch
+        except ImportError:
+            return out
+        torch.set_num_threads(os.cpu_count() or 1)
+        t = torch.ones(n, n)
+        t @ t
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            t @ t
+            times.append(time.perf_counter() - t0)
+        out["torch_gflops"] = 2 * n**3 / statistics.median(times) / 1e9
+    return out
+
+
+def _region(op_name: str) -> str:
+    if "transpose(jvp(" in op_name:
+        return "backward"
+    return "forward" if "jvp(" in op_name else "optimizer"
+
+
+def _kind(line: str, name: str) -> str:
+    if "__ynn_fusion" in line or " dot(" in line or "custom-call(" in line:
+        body = "matmul" if ("dot_general" in line or " dot(" in line) else "other YNNPACK op"
+        return body if "reduce_sum" not in line else "reduction"
+    if re.search(r"\b(copy|transpose)", name):
+        return "copy / transpose"
+    if "reduce" in name:
+        return "reduction"
+    if "scatter" in name or "gather" in name:
+        return "gather / scatter"
+    if "broadcast" in name and "wrapped" in name:
+        return "fill"
+    return "elementwise"
+
+
+def worker_profile(name: str, batch: int, dtype: str, steps: int = 3) -> dict[str, Any]:
+    """Where one step's time goes: XLA thunk durations from a trace, by region and kind."""
+    import jax
+    import numpy as np
+
+    model, cfg, step, state = _our_step(name, batch, dtype)
+    seq = MODELS[name]["lengths"]
+    rng = np.random.default_rng(0)
+    batch *= jax.device_count()
+    batches = [random_batch(model, seq, batch, rng, cfg.vocab_size) for _ in range(steps + 2)]
+    hlo = step.lower(state, batches[0], jax.random.key(1)).compile().as_text()
+    lines = {}
+    for ln in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", ln)
+        if m:
+            lines.setdefault(m.group(1), ln)
+    for b in batches[:2]:
+        state, m = step(state, b, jax.random.key(1))
+    jax.block_until_ready(m)
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        jax.profiler.start_trace(d, create_perfetto_trace=True)
+        for b in batches[2:]:
+            state, m = step(state, b, jax.random.key(1))
+            jax.block_until_ready((state, m))
+        jax.profiler.stop_trace()
+        wall = (time.perf_counter() - t0) / steps
+        trace = json.load(gzip.open(next(Path(d).rglob("*.trace.json.gz"))))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    busy: dict[str, float] = collections.Counter()
+    spans = []
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in lines:
+            ln = lines[e["name"]]
+            op = re.search(r'op_name="([^"]*)"', ln)
+            key = f"{_region(op.group(1) if op else '')} | {_kind(ln, e['name'])}"
+            busy[key] += e["dur"] / 1e6 / steps
+            spans.append((e["ts"], e["ts"] + e["dur"]))
+    spans.sort()
+    union, end = 0.0, -1.0
+    for s, e in spans:
+        union += max(0.0, e - max(s, end))
+        end = max(end, e)
+    return {"side": "profile", "model": name, "batch": batch, "step_s": wall,
+            "thunk_s": dict(sorted(busy.items(), key=lambda kv: -kv[1])),
+            "thunk_sum_s": sum(busy.values()), "busy_s": union / 1e6 / steps}
+
+
+def host_name() -> str:
+    """The CPU model, core count and widest vector ISA (from /proc/cpuinfo on Linux)."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        name = info.get("model name\t", name).strip()
+        flags = info.get("flags\t\t", "")
+    except OSError:
+        pass
+    isa = next((label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2"))
+                if f" {flag} " in f" {flags} "), "")
+    return f"{name}, {os.cpu_count()} CPUs" + (f", {isa}" if isa else "")
+
+
+def run_worker(args: list[str]) -> dict[str, Any]:
+    """Run this script as a worker in a fresh process; its last stdout line is JSON. Our side
+    runs as the trainer does, with huge pages for XLA:CPU's buffers (`t5x_like.hugepages`);
+    PyTorch as its users run it (the setting makes no difference to its step)."""
+    from t5x_like import hugepages
+
+    env = dict(os.environ) if "torch" in args else hugepages.hugepage_env(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    env["XLA_FLAGS"] = flags.strip()  # the real CPU: fake host devices would split its cores
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                          check=False, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of a list of per-round values."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize(rounds: list[list[dict]], models: list[str]) -> dict[str, Any]:
+    """Per model: both sides' step times and the per-round ratio torch / ours."""
+    peaks = [max(r["jax_gflops"], r.get("torch_gflops", 0.0))
+             for rnd in rounds for r in rnd if r["side"] == "peak"]
+    out: dict[str, Any] = {"peak_gflops": spread(peaks), "models": {}}
+    for name in models:
+        ours = [r for rnd in rounds for r in rnd if r["side"] == "ours" and r["model"] == name]
+        theirs = [r for rnd in rounds for r in rnd if r["side"] == "torch" and r["model"] == name]
+        row: dict[str, Any] = {
+            "framework": ours[0]["framework"], "batch": ours[0]["batch"],
+            "lengths": MODELS[name]["lengths"],
+            "step_s": spread([r["step_s"] for r in ours]),
+            "compile_s": statistics.median(r["compile_s"] for r in ours),
+            "tokens_per_s": ours[0]["tokens_per_step"] / statistics.median(
+                r["step_s"] for r in ours),
+            "model_gflops": spread([r["flops_per_step"] / r["step_s"] / 1e9 for r in ours]),
+            "mfu": ours[0]["mfu"], "loss": ours[0]["loss"],
+        }
+        row["fraction_of_peak"] = row["model_gflops"]["median"] / out["peak_gflops"]["median"]
+        if theirs:
+            row["torch"] = {"framework": theirs[0]["framework"],
+                            "step_s": spread([r["step_s"] for r in theirs])}
+            row["ratio_torch_over_ours"] = spread(
+                [t["step_s"] / o["step_s"] for o, t in zip(ours, theirs, strict=True)])
+        out["models"][name] = row
+    return out
+
+
+def write_report(summary: dict, profiles: list[dict], header: dict, out_dir: Path) -> None:
     """benchmarks/train.md and benchmarks/train.json."""
-    dev = jax.devices()[0]
-    header = {
-        "device": f"{jax.device_count()}x {dev.device_kind} ({dev.platform})",
-        "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-        "versions": {"jax": jax.__version__, "python": platform.python_version()},
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "per_device_batch": args.batch, "steps": args.steps,
-    }
-    ratio = None
-    if hf is not None:
-        ours = next((r for r in rows if r["model"] == "t5_1_1_small"), None)
-        if ours is not None:
-            ratio = ours["tokens_per_s"] / hf["tokens_per_s"]
-    payload = {**header, "note": args.note, "results": rows, "hf_transformers": hf,
-               "hf_skipped": hf_skip, "t5_small_tokens_per_s_ratio_ours_over_hf": ratio}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "train.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / "train.json").write_text(
+        json.dumps({**header, **summary, "profiles": profiles}, indent=2) + "\n")
+
+    def ms(s: dict) -> str:
+        return f"{1e3 * s['median']:.0f} [{1e3 * s['min']:.0f}-{1e3 * s['max']:.0f}]"
+
+    peak = summary["peak_gflops"]
     lines = [
         "# Train-step benchmark (`scripts/bench_train.py`)", "",
-        f"Device: **{header['device']}**; host {header['host']}; jax {jax.__version__}; "
-        f"{header['date_utc']} UTC. Full step = forward + backward + Adafactor update, packed "
-        f"random batches, median of {args.steps} steps after a compile/warm-up step.", "",
-        "| model | framework | dtype | batch | lengths | step (s) | steps/s | tokens/s | "
-        "model TFLOP/s | MFU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Device: **{header['device']}**; host {header['host']}; {header['versions']}; "
+        f"{header['date_utc']} UTC. {header['rounds']} interleaved rounds, each model's side in "
+        f"a fresh process timing {header['steps']} steps after a compile/warm-up step; values "
+        "are median [min-max] over rounds. Full step = forward + backward + Adafactor, fp32 on "
+        "CPU, packed random batches (ours) / the same shapes unpacked (PyTorch).", "",
+        "| model | batch | lengths | ours step (ms) | PyTorch step (ms) | PyTorch / ours | "
+        "ours tokens/s | ours GFLOP/s | of matmul peak |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in [*rows, *([hf] if hf else [])]:
-        mfu = r.get("mfu")
+    for name, r in summary["models"].items():
+        ratio = r.get("ratio_torch_over_ours")
+        rat = (f"**{ratio['median']:.2f}** [{ratio['min']:.2f}-{ratio['max']:.2f}]"
+               if ratio else "-")
         lines.append(
-            f"| {r['model']} | {r['framework']} | {r['dtype']} | {r['batch']} | "
-            f"{'/'.join(str(v) for v in r['sequence_length'].values())} | {r['step_s']:.3f} | "
-            f"{r['steps_per_s']:.3f} | {r['tokens_per_s']:.0f} | "
-            f"{r.get('model_tflop_per_s', float('nan')):.4f} | "
-            f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'} |")
-    lines.append("")
-    if ratio is not None:
-        lines.append(f"T5-small tokens/s, ours / Hugging Face transformers (PyTorch CPU, identical "
-                     f"shapes): **{ratio:.2f}**")
-    elif hf_skip:
-        lines.append(f"Hugging Face comparison skipped: {hf_skip}")
-    if args.note:
-        lines += ["", f"Note: {args.note}"]
-    lines += ["", "MFU is n/a where the device's peak bf16 FLOP/s is unknown (CPU). FLOPs are the "
-              "analytic `model.flops_per_sequence` (checked against XLA's cost analysis in "
-              "tests/train/test_metrics.py).", ""]
-    (out_dir / "train.md").write_text("\n".join(lines))
+            f"| {name} | {r['batch']} | {'/'.join(map(str, r['lengths'].values()))} | "
+            f"{ms(r['step_s'])} | {ms(r['torch']['step_s']) if 'torch' in r else '-'} | {rat} "
+            f"| {r['tokens_per_s']:.0f} | {r['model_gflops']['median']:.1f} | "
+            f"{100 * r['fraction_of_peak']:.0f}% |")
+    some = next(iter(summary["models"].values()))
+    lines += [
+        "",
+        f"Matmul peak (fp32 2048^3, best of JAX and PyTorch, per round): {peak['median']:.0f} "
+        f"[{peak['min']:.0f}-{peak['max']:.0f}] GFLOP/s. GFLOP/s are the analytic "
+        "`model.flops_per_sequence` per step time (checked against XLA's cost analysis in "
+        "tests/train/test_metrics.py)." + (f" MFU (bf16 peak): {100 * some['mfu']:.1f}%."
+                                            if some["mfu"] else ""),
+        f"PyTorch side: {some['torch']['framework'] if 'torch' in some else 'not run'}; ours: "
+        f"{some['framework']}.",
+    ]
+    for p in profiles:
+        lines += ["", f"## Where the step's time goes: {p['model']} (batch {p['batch']})", "",
+                  f"One traced run of {p['step_s']:.3f} s/step. XLA:CPU runs independent thunks "
+                  f"concurrently: their times add up to {p['thunk_sum_s']:.3f} s, while at "
+                  f"least one runs during {p['busy_s']:.3f} s; the rest of the step is dispatch, "
+                  "the thunk executor's own work and tracing.", "",
+                  "| region | kind | thunk ms/step | share |", "|---|---|---|---|"]
+        for key, s in p["thunk_s"].items():
+            if s >= 0.005 * p["thunk_sum_s"]:
+                region, kind = key.split(" | ")
+                lines.append(f"| {region} | {kind} | {1e3 * s:.1f} | "
+                             f"{100 * s / p['thunk_sum_s']:.0f}% |")
+    if header.get("note"):
+        lines += ["", f"Note: {header['note']}"]
+    (out_dir / "train.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
-    """Parse flags, run the benchmarks, write the report."""
+    """Run the interleaved rounds (or, with --worker, one measurement) and write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=None, help="per-device batch (CPU 2, GPU 32)")
+    p.add_argument("--models", default="t5_1_1_small,tiny")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--dtype", default=None, help="activation dtype (CPU float32, else bfloat16)")
-    p.add_argument("--no_hf", action="store_true")
+    p.add_argument("--batch", type=int, default=None,
+                   help="per-device batch (default: each model's CPU batch; 32 on accelerators)")
+    p.add_argument("--dtype", default=None, help="activations (CPU float32, else bfloat16)")
+    p.add_argument("--no_torch", action="store_true", help="skip the PyTorch side")
+    p.add_argument("--profile", action="store_true", help="add a traced profile of each model")
     p.add_argument("--out_dir", default=str(REPO / "benchmarks"))
     p.add_argument("--note", default="", help="a line added to the report (e.g. machine load)")
+    p.add_argument("--render", action="store_true",
+                   help="rewrite train.md from --out_dir's train.json, measuring nothing")
+    p.add_argument("--worker", choices=("ours", "torch", "peak", "profile"), help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
-    on_cpu = jax.devices()[0].platform == "cpu"
-    args.batch = args.batch or (2 if on_cpu else 32)
+    if args.worker:
+        fn = {"ours": lambda: worker_ours(args.model, args.batch, args.steps, args.dtype),
+              "torch": lambda: worker_torch(args.model, args.batch, args.steps),
+              "peak": worker_peak,
+              "profile": lambda: worker_profile(args.model, args.batch, args.dtype)}
+        print(json.dumps(fn[args.worker]()), flush=True)
+        return
+    if args.render:
+        saved = json.loads((Path(args.out_dir) / "train.json").read_text())
+        keys = ("peak_gflops", "models")
+        write_report({k: saved[k] for k in keys}, saved["profiles"],
+                     {k: v for k, v in saved.items() if k not in (*keys, "profiles")},
+                     Path(args.out_dir))
+        return
+    import jax
+
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        p.error(f"unknown --models {unknown}; choose from {sorted(MODELS)}")
+    dev = jax.devices()[0]
+    on_cpu = dev.platform == "cpu"
     dtype = args.dtype or ("float32" if on_cpu else "bfloat16")
-    rows = []
-    for name in args.models.split(","):
-        r = bench_ours(name, args.batch, args.steps, dtype)
-        print(json.dumps(r), flush=True)
-        rows.append(r)
-    hf, skip = None, None
-    if args.no_hf:
-        skip = "--no_hf given"
-    elif not on_cpu:
-        skip = "the Hugging Face comparison is a CPU measurement"
-    else:
-        try:
-            import transformers  # noqa: F401
-        except ImportError as err:
-            skip = f"transformers not importable ({err})"
-        else:
-            hf = bench_hf_t5_small(args.batch * jax.device_count(), args.steps)
-            print(json.dumps(hf), flush=True)
-    if skip:
-        print(f"skipping the Hugging Face row: {skip}", flush=True)
-    write_report(rows, hf, skip, Path(args.out_dir), args)
+    with_torch = on_cpu and not args.no_torch
+    rounds = []
+    for i in range(args.rounds):
+        results = [run_worker(["--worker", "peak"])]
+        for name in models:
+            batch = args.batch or (MODELS[name]["cpu_batch"] if on_cpu else 32)
+            common = ["--model", name, "--batch", str(batch), "--steps", str(args.steps)]
+            sides = [["--worker", "ours", "--dtype", dtype]]
+            if with_torch and MODELS[name]["torch"]:
+                sides.append(["--worker", "torch"])
+            for side in sides if i % 2 == 0 else sides[::-1]:
+                results.append(run_worker([*side, *common]))
+                print(json.dumps({k: v for k, v in results[-1].items() if k != "steps_s"}),
+                      flush=True)
+        rounds.append(results)
+    profiles = []
+    if args.profile:
+        for name in models:
+            batch = args.batch or (MODELS[name]["cpu_batch"] if on_cpu else 32)
+            profiles.append(run_worker(["--worker", "profile", "--model", name,
+                                        "--batch", str(batch), "--dtype", dtype]))
+    ours = next(r for r in rounds[0] if r["side"] == "ours")
+    header = {
+        "device": f"{ours['num_devices']}x {ours['device_kind']} ({dev.platform})",
+        "host": host_name(),
+        "versions": f"jax {jax.__version__}, python {platform.python_version()}",
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "rounds": args.rounds, "steps": args.steps, "note": args.note,
+        "rounds_raw": rounds,
+    }
+    summary = summarize(rounds, models)
+    write_report(summary, profiles, header, Path(args.out_dir))
+    print(json.dumps({n: r.get("ratio_torch_over_ours") for n, r in summary["models"].items()}))
 
 
 if __name__ == "__main__":
