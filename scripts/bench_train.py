@@ -85,7 +85,7 @@ def random_batch(model: Any, seq: dict[str, int], batch: int, rng: Any,
 
 
 def _our_step(name: str, batch: int, dtype: str) -> tuple[Any, ...]:
-    """(model, config, jitted step, state, batches-maker) on all local devices."""
+    """(model, config, jitted train step, initial state), data parallel over the local devices."""
     import jax
 
     from t5x_like.models import make_model
