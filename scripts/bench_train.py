@@ -310,11 +310,9 @@ def run_worker(args: list[str]) -> dict[str, Any]:
     """Run this script as a worker in a fresh process; its last stdout line is JSON. Our side
     runs as the trainer does, with huge pages for XLA:CPU's buffers (`t5x_like.hugepages`);
     PyTorch as its users run it (the setting makes no difference to its step)."""
-    from t5x_like import hugepages
+    from t5x_like.sweep.runner import child_env  # the real CPU (no fake devices), huge pages
 
-    env = dict(os.environ) if "torch" in args else hugepages.hugepage_env(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
-    env["XLA_FLAGS"] = flags.strip()  # the real CPU: fake host devices would split its cores
+    env = dict(os.environ) if "torch" in args else child_env()
     proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
                           check=False, env=env)
     if proc.returncode != 0:
