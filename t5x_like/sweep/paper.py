@@ -2,10 +2,13 @@
 
 `PUBLISHED[table][row]` = the seven columns of `COLUMNS` for the rows our sweep files name
 (row names match `gin/sweeps/t5_table*.gin`). Rows that are the same experiment in the paper
-(the baseline appears in Tables 2, 4, 5 and 6) carry the same numbers.
+(the baseline appears in Tables 2, 4, 5 and 6) carry the same numbers. `CLAIMS` = the paper's
+headline comparisons between those rows, which the report tests with paired differences.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 COLUMNS = ("GLUE", "CNNDM", "SQuAD", "SGLUE", "EnDe", "EnFr", "EnRo")
 #: Our suite average is compared with this column (an average of classification scores).
@@ -65,3 +68,56 @@ TABLE_NUMBERS = {"table2": 2, "table3": 3, "table4": 4, "table5": 5, "table6": 6
 def published(table: str, row: str) -> dict[str, float] | None:
     """The paper's seven scores for (table, row), or None when the paper has no such row."""
     return PUBLISHED.get(table, {}).get(row)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One of the paper's comparisons: mean score of rows `better` minus mean of rows `worse`.
+
+    `relation` '>': the paper finds better > worse; '≈': the paper finds them within
+    `margin` points of each other (`t5x_like.sweep.stats.verdict` turns a CI into a verdict).
+    """
+
+    table: str
+    text: str
+    better: tuple[str, ...]
+    worse: tuple[str, ...]
+    relation: str = ">"
+    margin: float = 0.0
+
+
+#: What "about the same" means on our 0-100 suite average: the paper's "≈" rows differ by at
+#: most 0.7 GLUE points; our scores spread several times wider between rows, so 2 points.
+EQUIVALENCE_MARGIN = 2.0
+
+_ARCHITECTURES = ("Encoder-decoder", "Enc-dec shared", "Enc-dec 6 layers", "Language model",
+                  "Prefix LM")
+
+
+def _both(architecture: str) -> tuple[str, str]:
+    return f"{architecture} | Denoising", f"{architecture} | LM"
+
+
+#: The paper's headline comparisons (sections 3.2-3.3), each against our rows' names.
+CLAIMS: tuple[Claim, ...] = (
+    *(Claim("table2", f"Denoising beats LM ({a})", (f"{a} | Denoising",), (f"{a} | LM",))
+      for a in _ARCHITECTURES),
+    Claim("table2", "Encoder-decoder beats the decoder-only language model",
+          _both("Encoder-decoder"), _both("Language model")),
+    Claim("table2", "Prefix LM beats the language model", _both("Prefix LM"),
+          _both("Language model")),
+    Claim("table2", "Sharing encoder and decoder parameters costs little",
+          _both("Encoder-decoder"), _both("Enc-dec shared"), "≈", EQUIVALENCE_MARGIN),
+    Claim("table2", "Halving the layers hurts", _both("Encoder-decoder"),
+          _both("Enc-dec 6 layers")),
+    Claim("table3", "BERT-style beats prefix LM", ("BERT-style",), ("Prefix LM",)),
+    Claim("table3", "Deshuffling is worse than prefix LM", ("Prefix LM",), ("Deshuffling",)),
+    Claim("table3", "Deshuffling is worse than BERT-style", ("BERT-style",), ("Deshuffling",)),
+    Claim("table4", "Replacing corrupted spans ≈ BERT-style", ("Replace corrupted spans",),
+          ("BERT-style",), "≈", EQUIVALENCE_MARGIN),
+    Claim("table5", "50% corruption hurts (vs 15%)", ("15%",), ("50%",)),
+    Claim("table6", "Span length barely matters (mean span 3 ≈ i.i.d.)", ("3",), ("i.i.d.",),
+          "≈", EQUIVALENCE_MARGIN),
+    Claim("table6", "Span length barely matters (mean span 10 ≈ i.i.d.)", ("10",), ("i.i.d.",),
+          "≈", EQUIVALENCE_MARGIN),
+)

@@ -5,6 +5,10 @@ scores, final pre-training loss, measured parameters and training FLOPs per sequ
 paper's bookkeeping (P/2P, M/M/2) and its seven published columns. Rows are ranked by our score
 and by the paper's GLUE column (`paper.COMPARE_COLUMN`, the closest analogue of an average of
 classification scores) and compared with Kendall's τ (`scipy.stats.kendalltau`).
+
+Where the cells kept their test predictions (`eval/predictions/<task>.jsonl`), `stats` adds a
+bootstrap over seeds and test examples: a 95% CI per row, a CI of Kendall's τ, and the paper's
+claims about the table (`paper.CLAIMS`) as paired differences with CIs and verdicts.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from t5x_like.sweep import paper
+import numpy as np
+
+from t5x_like.sweep import paper, stats
 from t5x_like.sweep.config import SweepSpec
 from t5x_like.sweep.grid import Cell, cells_of
 from t5x_like.sweep.runner import RESULTS, cell_dir, write_json
@@ -35,6 +41,61 @@ def collect(cells: Sequence[Cell], sweep_dir: str) -> dict[str, dict[str, Any]]:
             with open(path, encoding="utf-8") as f:
                 found[cell.cell_id] = json.load(f)
     return found
+
+
+def cell_predictions(path: str, tasks: Sequence[str]) -> dict[str, stats.TaskPredictions] | None:
+    """A finished cell's test predictions per task, coded for the bootstrap (None if any task's
+    predictions file is missing, e.g. a cell from before they were kept)."""
+    from t5x_like.data import downstream, scoring
+
+    out = {}
+    for task in tasks:
+        file = os.path.join(path, "eval", "predictions", f"{task}.jsonl")
+        if not os.path.exists(file):
+            return None
+        with open(file, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        metric = downstream.get_spec(task).primary_metric
+        normalize = scoring.normalize_answer if metric == "exact_match" else scoring.strip
+        out[task] = stats.encode(metric, [r["targets"] for r in rows],
+                                 [r["output"] for r in rows], normalize=normalize)
+    return out
+
+
+def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequence[str],
+                paper_scores: Mapping[str, float], sweep_dir: str,
+                replicates: int = stats.DEFAULT_REPLICATES) -> dict[str, Any] | None:
+    """Bootstrap CIs of every row, of Kendall's τ against `paper_scores`, and the table's
+    claims; `cells` = (row, cell_id) of the finished cells. None when predictions are missing."""
+    rows: dict[str, list[dict[str, stats.TaskPredictions]]] = {}
+    for row, cell_id in cells:
+        preds = cell_predictions(os.path.join(sweep_dir, "cells", cell_id), tasks)
+        if preds is None:
+            return None
+        rows.setdefault(row, []).append(preds)
+    if not rows or not tasks:
+        return None
+    boot = stats.row_replicates(rows, tasks, replicates)
+    points = stats.point_scores(rows, tasks)
+    ranked = [r for r in spec.rows if r in boot and r in paper_scores]
+    tau_ci = None
+    if len(ranked) >= 2:
+        taus = stats.kendall_tau(np.stack([boot[r] for r in ranked], axis=1),
+                                 np.array([paper_scores[r] for r in ranked]))
+        tau_ci = list(stats.percentile_ci(taus))
+    claims = []
+    for claim in paper.CLAIMS:
+        if claim.table != spec.table:
+            continue
+        result = stats.evaluate_claim(claim, boot, points)
+        if result is not None:
+            theirs = [paper_scores.get(r) for r in (*claim.better, *claim.worse)]
+            result["paper_difference"] = (
+                None if None in theirs else
+                float(np.mean(theirs[:len(claim.better)]) - np.mean(theirs[len(claim.better):])))
+            claims.append(result)
+    return {"row_ci": {r: list(stats.percentile_ci(b)) for r, b in boot.items()},
+            "kendall_tau_ci": tau_ci, "claims": claims, "replicates": replicates}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -68,8 +129,8 @@ def ranking(rows: Sequence[Mapping[str, Any]], key: str) -> list[str]:
 
 
 def table_entry(spec: SweepSpec, cells: Sequence[Cell],
-                results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau)."""
+                results: Mapping[str, Mapping[str, Any]], sweep_dir: str) -> dict[str, Any]:
+    """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau, claims)."""
     by_row: dict[str, list[Mapping[str, Any]]] = {row: [] for row in spec.rows}
     ids: dict[str, list[str]] = {row: [] for row in spec.rows}
     for row, cell in cells_of(cells, spec.table):
@@ -89,6 +150,7 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
             "num_seeds": len(done),
             "paper": published,
             "per_task": {t: _mean([r["tasks"].get(t) for r in done]) for t in tasks},
+            "per_task_std": {t: _std([r["tasks"].get(t) for r in done]) for t in tasks},
             "pretrain_loss": _mean([r["pretrain"].get("final_loss") for r in done]),
             "paper_params": params, "paper_cost": cost,
             "parameters": done[0].get("parameters") if done else None,
@@ -101,9 +163,19 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                      [r["paper"][paper.COMPARE_COLUMN] for r in paired])
     for r in rows:
         r["paper_score"] = r["paper"][paper.COMPARE_COLUMN] if r["paper"] else None
+    tasks = sorted({t for rs in by_row.values() for r in rs for t in r.get("tasks", {})})
+    finished = [(row, cell.cell_id) for row, cell in cells_of(cells, spec.table)
+                if cell.cell_id in results]
+    boot = uncertainty(spec, finished, tasks, {r["row"]: r["paper_score"] for r in paired},
+                       sweep_dir)
+    for r in rows:
+        r["ci"] = boot["row_ci"].get(r["row"]) if boot else None
     entry = {
         "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
         "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
+        "kendall_tau_ci": boot["kendall_tau_ci"] if boot else None,
+        "claims": boot["claims"] if boot else [],
+        "bootstrap_replicates": boot["replicates"] if boot else 0,
         "ranking_ours": ranking(paired, "ours_mean"),
         "ranking_paper": ranking(paired, "paper_score"),
         "paper_table": paper.TABLE_NUMBERS.get(spec.table),
@@ -150,6 +222,8 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
         ours = _num(r["ours_mean"])
         if r["ours_std"] is not None:
             ours += f" ± {r['ours_std']:.2f}"
+        if r.get("ci"):
+            ours += f" [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]"
         cells += [_si(r["parameters"]), _si(r["flops_per_sequence"]), f"**{ours}**",
                   str(r["num_seeds"]), *[_num(r["per_task"].get(t)) for t in tasks],
                   _num(r["pretrain_loss"], 3),
@@ -159,10 +233,32 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
     lines += ["", f"- Ranking, ours: {' > '.join(entry['ranking_ours']) or '—'}",
               f"- Ranking, paper ({paper.COMPARE_COLUMN}): "
               f"{' > '.join(entry['ranking_paper']) or '—'}",
-              f"- Kendall τ (ours vs paper over {n} rows): {_num(tau)} (p = {_num(p, 3)})",
+              f"- Kendall τ (ours vs paper over {n} rows): {_num(tau)} (p = {_num(p, 3)})"
+              + (f", 95% CI [{entry['kendall_tau_ci'][0]:.2f}, {entry['kendall_tau_ci'][1]:.2f}]"
+                 if entry.get("kendall_tau_ci") else ""),
               f"- Majority-class / trivial baseline, suite average: "
               f"{_num(entry.get('baseline_average'))}", ""]
-    return "\n".join(lines)
+    if entry.get("bootstrap_replicates"):
+        lines += [f"Ours = mean ± std over seeds [95% CI: {entry['bootstrap_replicates']} "
+                  "bootstrap replicates over seeds and test examples].", ""]
+    return "\n".join(lines + claims_markdown(entry.get("claims", [])))
+
+
+def claims_markdown(claims: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The claims table: each of the paper's comparisons as our paired difference with its
+    CI and a verdict (and, when not reproduced, the seeds per row a '>' claim would need)."""
+    if not claims:
+        return []
+    lines = ["| Claim (paper) | paper Δ GLUE | ours: Δ suite avg [95% CI] | verdict | seeds "
+             "| seeds needed |", "|---|---|---|---|---|---|"]
+    for c in claims:
+        rel = f" (within ±{c['margin']:g})" if c["relation"] == "≈" else ""
+        needed = c["seeds_needed"]
+        lines.append(
+            f"| {c['claim']}{rel} | {_num(c.get('paper_difference'))} | {c['difference']:+.2f} "
+            f"[{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] | {c['verdict']} | {c['seeds']} | "
+            f"{'—' if needed is None else needed} |")
+    return [*lines, ""]
 
 
 def build(specs: Sequence[SweepSpec], cells: Sequence[Cell], sweep_dir: str,
@@ -170,7 +266,7 @@ def build(specs: Sequence[SweepSpec], cells: Sequence[Cell], sweep_dir: str,
     """The whole report: {'scale', 'tables': {table_id: entry}} (DESIGN.md schema)."""
     results = collect(cells, sweep_dir)
     return {"scale": scale, "num_cells": len(cells), "num_cells_done": len(results),
-            "tables": {s.table: table_entry(s, cells, results) for s in specs}}
+            "tables": {s.table: table_entry(s, cells, results, sweep_dir) for s in specs}}
 
 
 def markdown(report: Mapping[str, Any], image_prefix: str = "", discussion: str = "") -> str:

@@ -105,3 +105,63 @@ def test_paper_data_is_sane():
     assert paper.published("table3", "BERT-style") == paper.published("table4", "BERT-style")
     assert paper.published("table2", "Language model | LM")["SQuAD"] == 53.81
     assert paper.published("table9", "x") is None
+
+
+def test_claims_reproduce_with_the_paper_direction_in_the_paper_tables():
+    """Every claim names rows of its table, and the paper's own scores agree with it."""
+    for claim in paper.CLAIMS:
+        rows = paper.PUBLISHED[claim.table]
+        assert set(claim.better) | set(claim.worse) <= set(rows), claim
+        diff = (sum(rows[r]["GLUE"] for r in claim.better) / len(claim.better)
+                - sum(rows[r]["GLUE"] for r in claim.worse) / len(claim.worse))
+        assert diff > 0 if claim.relation == ">" else abs(diff) <= 1.0, claim
+
+
+def _write_predictions(sweep_dir, cells, right_share, offset=None):
+    """Spam test predictions per cell: `right_share[row]` of 200 examples right, a run of
+    examples starting at `offset[row]` (default 0)."""
+    targets = ["spam" if i % 3 == 0 else "ham" for i in range(200)]
+    for cell in cells:
+        row = cell.rows[0][1]
+        good = int(200 * right_share[row])
+        path = os.path.join(runner.cell_dir(str(sweep_dir), cell), "eval", "predictions")
+        os.makedirs(path)
+        with open(os.path.join(path, "downstream_spam.jsonl"), "w") as f:
+            for i, t in enumerate(targets):
+                wrong = "ham" if t == "spam" else "spam"
+                right = (i - (offset or {}).get(row, 0)) % 200 < good
+                f.write(json.dumps({"inputs": "x", "targets": t,
+                                    "output": t if right else wrong}) + "\n")
+
+
+def test_bootstrap_cis_tau_ci_and_claims_from_saved_predictions(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2)
+    shares = {"Prefix LM": 0.6, "BERT-style": 0.95, "Deshuffling": 0.62}
+    _write_predictions(tmp_path, cells, shares, offset={"Deshuffling": 100})
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    by_row = {r["row"]: r for r in table["rows"]}
+    lo, hi = by_row["BERT-style"]["ci"]
+    assert lo < hi and lo > by_row["Prefix LM"]["ci"][1]
+    claims = {c["claim"]: c for c in table["claims"]}
+    assert set(claims) == {c.text for c in paper.CLAIMS if c.table == "table3"}
+    assert claims["BERT-style beats prefix LM"]["verdict"] == "reproduced"
+    assert claims["BERT-style beats prefix LM"]["paper_difference"] == pytest.approx(2.27)
+    # Prefix LM (60% right) vs Deshuffling (62%, other examples): too close to call
+    assert claims["Deshuffling is worse than prefix LM"]["verdict"] == "unresolved"
+    assert table["bootstrap_replicates"] > 0 and -1 <= table["kendall_tau_ci"][0] <= 1
+    md = report.table_markdown("table3", table)
+    assert "| BERT-style beats prefix LM | 2.27 |" in md and "95% CI [" in md
+    # the same 2 points, when Deshuffling is right on a superset of Prefix LM's examples: the
+    # test examples are paired across rows, so the difference is resolved (against the paper)
+    paired = _fake_sweep(tmp_path / "paired", [50.0, 60.0, 40.0], seeds=2)
+    _write_predictions(tmp_path / "paired", paired, shares)
+    table = report.build([_spec()], paired, str(tmp_path / "paired"), "micro")["tables"]["table3"]
+    claims = {c["claim"]: c for c in table["claims"]}
+    assert claims["Deshuffling is worse than prefix LM"]["verdict"] == "contradicted"
+
+
+def test_no_predictions_no_bootstrap(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0])
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    assert table["claims"] == [] and table["kendall_tau_ci"] is None
+    assert all(r["ci"] is None for r in table["rows"])
