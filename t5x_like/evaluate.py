@@ -218,9 +218,10 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
         for t in scored:
             t0 = time.perf_counter()
             entries[t] = evaluate_task(predictor, t, out_dir, classification=classification)
+            entries[t]["seconds"] = round(time.perf_counter() - t0, 1)
             print(f"[t5x_like.evaluate] {t}: score {entries[t]['score']:.2f} (baseline "
                   f"{entries[t]['baseline']:.2f}), {entries[t]['num_examples']} test examples "
-                  f"in {time.perf_counter() - t0:.1f}s", flush=True)
+                  f"in {entries[t]['seconds']:.1f}s", flush=True)
     gin.clear_config()
     mean = lambda key: sum(entries[t][key] for t in tasks) / len(tasks)  # noqa: E731
     results = {

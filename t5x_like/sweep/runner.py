@@ -65,14 +65,17 @@ def train_command(spec: Mapping[str, Any], path: str) -> list[str]:
             f"--model_dir={os.path.join(path, 'pretrain')}", *spec["scale"]["train_flags"]]
 
 
-def evaluate_command(spec: Mapping[str, Any], path: str) -> list[str]:
-    """The `python -m t5x_like.evaluate` argv of a cell spec."""
+def evaluate_command(spec: Mapping[str, Any], path: str, out: str = "eval",
+                     finetune_seed: int | None = None) -> list[str]:
+    """The `python -m t5x_like.evaluate` argv of a cell spec, writing to `path/out`; the
+    fine-tuning seed (data order, dropout) is the cell's pre-training seed unless given."""
     scale = spec["scale"]
+    seed = [] if finetune_seed is None else [f"train.seed = {int(finetune_seed)}"]
     return [sys.executable, "-m", "t5x_like.evaluate",
             f"--checkpoint={os.path.join(path, 'pretrain')}",
-            f"--out_dir={os.path.join(path, 'eval')}", *scale["evaluate_flags"],
+            f"--out_dir={os.path.join(path, out)}", *scale["evaluate_flags"],
             *[f"--gin_file={f}" for f in scale["evaluate_gin_files"]],
-            *binding_flags(scale["evaluate_bindings"])]
+            *binding_flags([*scale["evaluate_bindings"], *seed])]
 
 
 def cell_spec(cell: Cell, scale: ScaleSpec) -> dict[str, Any]:
@@ -125,6 +128,24 @@ def child_env(cache_dir: str | None = None) -> dict[str, str]:
     return env
 
 
+def _cache_dir(path: str) -> str:
+    """The sweep's shared compilation cache, from a cell dir `<sweep_dir>/cells/<id>`."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), XLA_CACHE)
+
+
+def run_evaluation(path: str, out: str, finetune_seed: int | None = None) -> dict[str, Any]:
+    """Evaluate a cell's pre-trained checkpoint again into `path/out` (e.g. with another
+    fine-tuning seed); skipped when `path/out/results.json` exists; returns that file."""
+    results = os.path.join(path, out, RESULTS)
+    if not os.path.exists(results):
+        with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
+            spec = json.load(f)
+        _run(evaluate_command(spec, path, out, finetune_seed), os.path.join(path, f"{out}.log"),
+             f"{os.path.basename(path)}: python -m t5x_like.evaluate ({out})", _cache_dir(path))
+    with open(results, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def _run(argv: Sequence[str], log_path: str, what: str,
          cache_dir: str | None = None) -> tuple[float, float]:
     """Run one subprocess, appending its output to log_path; returns (wall, CPU) seconds
@@ -173,7 +194,7 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
             return json.load(f)
     with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
         spec = json.load(f)
-    cache_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), XLA_CACHE)
+    cache_dir = _cache_dir(path)
     log(f"[sweep] {name}: pre-training")
     pretrain_s, pretrain_cpu = _run(train_command(spec, path), os.path.join(path, "pretrain.log"),
                                     f"{name}: python -m t5x_like.train", cache_dir)
