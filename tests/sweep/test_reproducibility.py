@@ -1,7 +1,6 @@
 """Same seed, same numbers: a sweep cell gives bitwise the same pre-training losses and
-downstream scores when it runs alone, beside another cell on the same cores (`--parallel`), and
-from a warm compilation cache. (Resuming after `kill -9` is the trainer's own guarantee:
-tests/train/test_resume.py.)"""
+downstream scores when it runs alone, beside another cell on the same cores (`--parallel`), from
+a warm compilation cache, and killed (-9) mid-run then resumed by rerunning the sweep."""
 
 import json
 import os
@@ -25,8 +24,8 @@ def _sweep(sweep_dir: Path, rows: str, parallel: int, env: dict[str, str] | None
 
 def _numbers(cell: Path) -> dict:
     """A cell's logged pre-training losses and its downstream results."""
-    losses = [(r["step"], r["loss"]) for r in runner.read_metrics(str(cell / "pretrain"))
-              if r.get("split") == "train" and "loss" in r]
+    losses = sorted({r["step"]: r["loss"] for r in runner.read_metrics(str(cell / "pretrain"))
+                     if r.get("split") == "train" and "loss" in r}.items())  # resumed: last
     results = json.loads((cell / "results.json").read_text())
     finetune = results["evaluation"]["finetune"]["runs"][0]["final_loss"]
     return {"losses": losses, "tasks": results["tasks"], "finetune_loss": finetune}
@@ -51,3 +50,36 @@ def test_same_seed_same_numbers_alone_in_parallel_and_warm(tmp_path):
     assert len(reference["losses"]) >= 3 and reference["tasks"]
     for other in (beside, warm):
         assert _numbers(other / "cells" / cell) == reference, other.name
+
+
+def test_same_numbers_after_kill_9_and_resume_through_the_sweep(tmp_path):
+    """kill -9 the whole sweep once pre-training has a checkpoint (or later), rerun the same
+    command: the cell finishes with the uninterrupted run's losses and scores."""
+    import signal
+    import time
+
+    scale = tmp_path / "micro_ckpt.gin"
+    micro = Path(__file__).resolve().parents[2] / "gin" / "sweeps" / "scales" / "micro.gin"
+    scale.write_text(f"include '{micro}'\n"
+                     "train.num_train_steps = 40\ntrain.checkpoint_every = 10\n"
+                     "train.keep_checkpoints = 5\ntrain.log_every = 5\n"
+                     "sweep_scale.name = 'micro_ckpt'\n")
+    argv = [sys.executable, "-m", "t5x_like.sweep", f"--sweep={T2}", f"--scale={scale}",
+            f"--rows={ROW}"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    proc = subprocess.run([*argv, f"--sweep_dir={whole}"], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = subprocess.Popen([*argv, f"--sweep_dir={killed}"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not list(killed.glob("cells/*/pretrain/checkpoints/*10*")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    (cell,) = os.listdir(killed / "cells")
+    assert not (killed / "cells" / cell / "results.json").exists()  # it was interrupted
+    proc = subprocess.run([*argv, f"--sweep_dir={killed}"], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _numbers(killed / "cells" / cell) == _numbers(whole / "cells" / cell)
