@@ -156,8 +156,10 @@ def verdict(claim: Claim, lo: float, hi: float) -> str:
 
 def evaluate_claim(claim: Claim, replicates: Mapping[str, np.ndarray],
                    points: Mapping[str, Sequence[float]]) -> dict | None:
-    """The claim's difference (full-data point estimate), its CI, verdict and, for a '>' claim
-    not yet reproduced, the seeds per row it would need; None when a row has no results."""
+    """The claim's difference (full-data point estimate), its CI, verdict and, for an
+    unresolved '>' claim, the seeds per row a CI excluding 0 would need (a contradicted one
+    needs none: its CI already excludes 0, on the other side); None when a row has no
+    results."""
     if any(r not in replicates for r in (*claim.better, *claim.worse)):
         return None
     boot = (np.mean([replicates[r] for r in claim.better], axis=0)
@@ -171,6 +173,6 @@ def evaluate_claim(claim: Claim, replicates: Mapping[str, np.ndarray],
     result = {"table": claim.table, "claim": claim.text, "relation": claim.relation,
               "margin": claim.margin, "difference": point, "ci": [lo, hi],
               "verdict": verdict(claim, lo, hi), "seeds": seeds, "seeds_needed": None}
-    if claim.relation == ">" and result["verdict"] != "reproduced":
+    if claim.relation == ">" and result["verdict"] == "unresolved":
         result["seeds_needed"] = seeds_needed(per_seed)
     return result
