@@ -24,61 +24,25 @@ from t5x_like.models import TransformerConfig, make_model
 
 TOL = 1e-5
 
-# T5X `examples/t5/network.py` names of a 2-layer T5 v1.1 (gated-GELU, untied head).
-EXPECTED_T5X_V11_KEYS = """
-token_embedder/embedding
-encoder/relpos_bias/rel_embedding
-encoder/encoder_norm/scale
-encoder/layers_0/pre_attention_layer_norm/scale
-encoder/layers_0/attention/query/kernel
-encoder/layers_0/attention/key/kernel
-encoder/layers_0/attention/value/kernel
-encoder/layers_0/attention/out/kernel
-encoder/layers_0/pre_mlp_layer_norm/scale
-encoder/layers_0/mlp/wi_0/kernel
-encoder/layers_0/mlp/wi_1/kernel
-encoder/layers_0/mlp/wo/kernel
-encoder/layers_1/pre_attention_layer_norm/scale
-encoder/layers_1/attention/query/kernel
-encoder/layers_1/attention/key/kernel
-encoder/layers_1/attention/value/kernel
-encoder/layers_1/attention/out/kernel
-encoder/layers_1/pre_mlp_layer_norm/scale
-encoder/layers_1/mlp/wi_0/kernel
-encoder/layers_1/mlp/wi_1/kernel
-encoder/layers_1/mlp/wo/kernel
-decoder/relpos_bias/rel_embedding
-decoder/decoder_norm/scale
-decoder/logits_dense/kernel
-decoder/layers_0/pre_self_attention_layer_norm/scale
-decoder/layers_0/self_attention/query/kernel
-decoder/layers_0/self_attention/key/kernel
-decoder/layers_0/self_attention/value/kernel
-decoder/layers_0/self_attention/out/kernel
-decoder/layers_0/pre_cross_attention_layer_norm/scale
-decoder/layers_0/encoder_decoder_attention/query/kernel
-decoder/layers_0/encoder_decoder_attention/key/kernel
-decoder/layers_0/encoder_decoder_attention/value/kernel
-decoder/layers_0/encoder_decoder_attention/out/kernel
-decoder/layers_0/pre_mlp_layer_norm/scale
-decoder/layers_0/mlp/wi_0/kernel
-decoder/layers_0/mlp/wi_1/kernel
-decoder/layers_0/mlp/wo/kernel
-decoder/layers_1/pre_self_attention_layer_norm/scale
-decoder/layers_1/self_attention/query/kernel
-decoder/layers_1/self_attention/key/kernel
-decoder/layers_1/self_attention/value/kernel
-decoder/layers_1/self_attention/out/kernel
-decoder/layers_1/pre_cross_attention_layer_norm/scale
-decoder/layers_1/encoder_decoder_attention/query/kernel
-decoder/layers_1/encoder_decoder_attention/key/kernel
-decoder/layers_1/encoder_decoder_attention/value/kernel
-decoder/layers_1/encoder_decoder_attention/out/kernel
-decoder/layers_1/pre_mlp_layer_norm/scale
-decoder/layers_1/mlp/wi_0/kernel
-decoder/layers_1/mlp/wi_1/kernel
-decoder/layers_1/mlp/wo/kernel
-""".split()
+
+def _t5x_keys(layers: int = 2) -> list[str]:
+    """T5X `examples/t5/network.py` names of a T5 v1.1 (gated-GELU, untied head)."""
+    keys = ["token_embedder/embedding", "decoder/logits_dense/kernel"]
+    attention = {"encoder": {"pre_attention_layer_norm": "attention"},
+                 "decoder": {"pre_self_attention_layer_norm": "self_attention",
+                             "pre_cross_attention_layer_norm": "encoder_decoder_attention"}}
+    for stack, blocks in attention.items():
+        keys += [f"{stack}/relpos_bias/rel_embedding", f"{stack}/{stack}_norm/scale"]
+        for layer in (f"{stack}/layers_{i}" for i in range(layers)):
+            for norm, attn in blocks.items():
+                keys += [f"{layer}/{norm}/scale"]
+                keys += [f"{layer}/{attn}/{p}/kernel" for p in ("query", "key", "value", "out")]
+            keys += [f"{layer}/pre_mlp_layer_norm/scale"]
+            keys += [f"{layer}/mlp/{w}/kernel" for w in ("wi_0", "wi_1", "wo")]
+    return keys
+
+
+EXPECTED_T5X_V11_KEYS = _t5x_keys()  # of a 2-layer T5 v1.1
 
 V11 = TransformerConfig(
     vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,

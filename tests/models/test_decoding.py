@@ -7,7 +7,6 @@ import functools
 import itertools
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,13 +28,6 @@ from t5x_like.models.decoding import (
 from tests.models.test_families import CONFIGS, LT, PREFIX, make_batch
 from tests.models.test_families import L as FAMILY_L
 from tests.models.test_families import setup as family_setup
-
-
-@pytest.fixture(autouse=True)
-def _no_gin_bindings():
-    """`TransformerConfig` is gin-configurable: bindings left by other tests must not leak in."""
-    gin.clear_config()
-
 
 # Stub models --------------------------------------------------------------------------------
 # A second-order Markov "model": the next token's log-probs depend on the previous two tokens.

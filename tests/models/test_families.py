@@ -7,7 +7,6 @@ other-segment) logits do not move, while the perturbed position's own logits do.
 import functools
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,12 +42,6 @@ CONFIGS = {
 }
 LI, LT, L = 10, 8, 12  # encoder / decoder lengths; decoder-only length
 PREFIX = 6  # prefix-LM: positions 0..5 are fully visible
-
-
-@pytest.fixture(autouse=True)
-def _no_gin_bindings():
-    """`TransformerConfig` is gin-configurable: bindings left by other tests must not leak in."""
-    gin.clear_config()
 
 
 def packing(segment_lengths: list[int], total: int) -> tuple[np.ndarray, np.ndarray]:

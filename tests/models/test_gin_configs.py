@@ -17,13 +17,6 @@ ARCHITECTURES = sorted((GIN / "architectures").glob("*.gin"))
 SCAN = ["TransformerConfig.scan_layers = True"]  # same parameters, traces one layer: fast
 
 
-@pytest.fixture(autouse=True)
-def _no_gin_bindings():
-    gin.clear_config()
-    yield
-    gin.clear_config()
-
-
 def config_from(*files: pathlib.Path, bindings: list[str] = ()) -> TransformerConfig:
     gin.clear_config()
     gin.parse_config_files_and_bindings([str(f) for f in files], list(bindings))

@@ -1,7 +1,6 @@
 """Building blocks: projections, relative buckets, RoPE, norms, MLP naming."""
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,12 +15,6 @@ from t5x_like.models.layers import (
     relative_bias,
     rope_frequencies,
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_gin_bindings():
-    """`TransformerConfig` is gin-configurable: bindings left by other tests must not leak in."""
-    gin.clear_config()
 
 
 def _buckets(rel: list[int], bidirectional: bool) -> list[int]:

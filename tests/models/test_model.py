@@ -1,7 +1,6 @@
 """Model API: loss/metrics, score, parameter counts, analytic FLOPs vs XLA, and overfitting."""
 
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,12 +15,6 @@ from t5x_like.models import (
     parameter_count,
 )
 from tests.models.test_families import make_batch, setup
-
-
-@pytest.fixture(autouse=True)
-def _no_gin_bindings():
-    """`TransformerConfig` is gin-configurable: bindings left by other tests must not leak in."""
-    gin.clear_config()
 
 
 def test_cross_entropy_label_smoothing_and_z_loss():

@@ -11,31 +11,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: A tiny encoder-decoder (real t5x_like.models code) as gin bindings, fp32 for exact compares.
-TINY_MODEL_BINDINGS = [
-    "TransformerConfig.vocab_size = 8192",
-    "TransformerConfig.emb_dim = 32",
-    "TransformerConfig.num_heads = 2",
-    "TransformerConfig.head_dim = 16",
-    "TransformerConfig.mlp_dim = 64",
-    "TransformerConfig.num_encoder_layers = 1",
-    "TransformerConfig.num_decoder_layers = 1",
-    "TransformerConfig.dropout_rate = 0.0",
-    "TransformerConfig.dtype = 'float32'",
-    "TransformerConfig.mlp_activations = ('gelu', 'linear')",
-    "TransformerConfig.logits_via_embedding = False",
-]
+#: A tiny encoder-decoder (real t5x_like.models code), fp32 for exact compares.
+TINY_MODEL = dict(vocab_size=8192, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                  num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, dtype="float32",
+                  mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+#: The same as gin bindings.
+TINY_MODEL_BINDINGS = [f"TransformerConfig.{k} = {v!r}" for k, v in TINY_MODEL.items()]
 
 
 def tiny_config(**changes):
-    """The TINY_MODEL_BINDINGS config as a TransformerConfig (for in-process tests)."""
+    """TINY_MODEL as a TransformerConfig (for in-process tests)."""
     from t5x_like.models import TransformerConfig
 
-    base = dict(vocab_size=8192, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
-                num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, dtype="float32",
-                mlp_activations=("gelu", "linear"), logits_via_embedding=False)
-    base.update(changes)
-    return TransformerConfig(**base)
+    return TransformerConfig(**{**TINY_MODEL, **changes})
 
 
 @pytest.fixture(scope="session")

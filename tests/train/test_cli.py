@@ -15,13 +15,6 @@ from t5x_like.train import cli
 from tests.train.conftest import REPO, subprocess_env
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
-
-
 def test_split_gin_flags_turns_dotted_flags_into_bindings() -> None:
     rest, bindings = cli.split_gin_flags(
         ["--gin_file=a.gin", "--gin.train.batch_size=64", "--gin.train.task", "'x'", "--model_dir",

@@ -4,6 +4,7 @@ nothing readable, or an explicit bad step, is one clear error (exit 2); infer na
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -24,16 +25,10 @@ COMMON = (
 )
 
 
-def _truncate_largest_data_file(step_dir: Path) -> None:
-    data = max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
-               key=lambda p: p.stat().st_size)
-    with open(data, "r+b") as f:
-        f.truncate(100)
-
-
 def _corrupt(step_dir: Path, how: str) -> None:
-    if how == "truncated":
-        _truncate_largest_data_file(step_dir)
+    if how == "truncated":  # the largest data file
+        os.truncate(max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+                        key=lambda p: p.stat().st_size), 100)
     else:
         (step_dir / "state" / "_METADATA").unlink()
 

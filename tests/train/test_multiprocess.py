@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,36 +25,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_agree_on_loss_and_write_one_checkpoint(tmp_path, compile_cache) -> None:
+def _train_cmd(model_dir, *bindings: str, gin_files=("gin/runs/quickstart.gin",)) -> list[str]:
+    """The tiny model, 8 examples of 32/8 tokens a step, logging every step, no evaluation."""
+    return train_cmd(model_dir, "train.sequence_length = {'inputs': 32, 'targets': 8}",
+                     "train.batch_size = 8", "train.log_every = 1", "train.eval_every = 0",
+                     *bindings, gin_files=gin_files)
+
+
+@contextlib.contextmanager
+def _two_processes(cmd, env: dict[str, str]) -> Iterator[list[subprocess.Popen]]:
+    """Processes 0 and 1 of `cmd(jax.distributed flags)` on localhost; killed if still alive."""
     port = _free_port()
-    model_dir = tmp_path / "mp"
-    procs = []
-    for pid in range(2):
-        cmd = train_cmd(
-            model_dir,
-            "train.sequence_length = {'inputs': 32, 'targets': 8}", "train.batch_size = 8",
-            "train.num_train_steps = 3", "train.checkpoint_every = 3", "train.log_every = 1",
-            "train.eval_every = 0", "create_mesh.mesh_shape = (2, 4, 1)",
-            gin_files=("gin/runs/quickstart.gin",),
-        ) + [f"--coordinator_address=localhost:{port}", "--num_processes=2",
-             f"--process_id={pid}"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(4), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outs = []
+    procs = [subprocess.Popen(cmd([f"--coordinator_address=localhost:{port}", "--num_processes=2",
+                                   f"--process_id={pid}"]), cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for pid in range(2)]
     try:
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            outs.append(out)
+        yield procs
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def _outputs(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each process's output; all must exit 0."""
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-4000:]
+    return outs
+
+
+def _assert_same_final_loss(outs: list[str]) -> None:
     finals = [re.search(r"process (\d)/2 done: final loss ([0-9.]+)", o) for o in outs]
     assert all(finals), outs[0][-2000:]
     assert {m.group(1) for m in finals} == {"0", "1"}
     assert finals[0].group(2) == finals[1].group(2)
+
+
+def test_two_processes_agree_on_loss_and_write_one_checkpoint(tmp_path, compile_cache) -> None:
+    model_dir = tmp_path / "mp"
+    cmd = _train_cmd(model_dir, "train.num_train_steps = 3", "train.checkpoint_every = 3",
+                     "create_mesh.mesh_shape = (2, 4, 1)")
+    with _two_processes(lambda flags: cmd + flags, subprocess_env(4)) as procs:
+        outs = _outputs(procs, timeout=300)
+    _assert_same_final_loss(outs)
     assert "mesh(data=2, fsdp=4, model=1) on 8x cpu; 2 process(es)" in outs[0]
     steps = sorted(p.name for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == ["3"]
@@ -64,35 +81,18 @@ def test_sigterm_to_one_process_stops_both_at_the_same_agreed_step(tmp_path,
                                                                   compile_cache) -> None:
     """Processes agree on a signal every `train.signal_check_every` steps (not every step: the
     all-gather would wait for the step in flight), so both save the same step and exit 0."""
-    port = _free_port()
     model_dir = tmp_path / "sig"
-    procs = []
-    for pid in range(2):
-        cmd = train_cmd(
-            model_dir,
-            "train.sequence_length = {'inputs': 32, 'targets': 8}", "train.batch_size = 8",
-            "train.num_train_steps = 100000", "train.checkpoint_every = 100000",
-            "train.log_every = 1", "train.eval_every = 0", "train.signal_check_every = 4",
-            "create_mesh.mesh_shape = (2, 4, 1)", gin_files=("gin/runs/quickstart.gin",),
-        ) + [f"--coordinator_address=localhost:{port}", "--num_processes=2",
-             f"--process_id={pid}"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(4, compile_cache),
-                                      text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT))
+    cmd = _train_cmd(model_dir, "train.num_train_steps = 100000",
+                     "train.checkpoint_every = 100000", "train.signal_check_every = 4",
+                     "create_mesh.mesh_shape = (2, 4, 1)")
     metrics = model_dir / "metrics.jsonl"
-    try:
+    with _two_processes(lambda flags: cmd + flags, subprocess_env(4, compile_cache)) as procs:
         deadline = time.time() + 240
         while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
             assert time.time() < deadline and all(p.poll() is None for p in procs)
             time.sleep(0.05)
         procs[1].send_signal(signal.SIGTERM)  # process 0 is not signalled
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-4000:]
+        outs = _outputs(procs, timeout=180)
     saved = sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir()
                    if p.name.isdigit())
     assert len(saved) == 1 and saved[0] % 4 == 0 and saved[0] >= 4, saved
@@ -105,41 +105,21 @@ def test_fsdp_tp_preset_through_the_manual_launcher(tmp_path, compile_cache) -> 
     """gin/sharding/fsdp_tp.gin on 2 processes x 4 devices, started by
     scripts/slurm/launch_manual.sh: mesh (1, 2, 4) (the model axis stays inside a process),
     tensor_parallel_2d rules; trains, checkpoints, and both processes see the same losses."""
-    port = _free_port()
     model_dir = tmp_path / "fsdp_tp"
-    train_args = train_cmd(
-        model_dir,
-        "train.sequence_length = {'inputs': 32, 'targets': 8}", "train.batch_size = 8",
-        "train.num_train_steps = 2", "train.checkpoint_every = 2", "train.log_every = 1",
-        "train.eval_every = 0", "TransformerConfig.num_heads = 4",  # divisible by model=4
+    train_args = _train_cmd(
+        model_dir, "train.num_train_steps = 2", "train.checkpoint_every = 2",
+        "TransformerConfig.num_heads = 4",  # divisible by model=4
         gin_files=("gin/runs/quickstart.gin", "gin/sharding/fsdp_tp.gin"),
     )[3:]  # drop `python -m t5x_like.train`: the launcher adds it
     env = subprocess_env(4, compile_cache)
     env["PYTHON"] = sys.executable
-    procs = [
-        subprocess.Popen(
-            ["bash", str(REPO / "scripts/slurm/launch_manual.sh"),
-             f"--coordinator_address=localhost:{port}", "--num_processes=2",
-             f"--process_id={pid}", "--", *train_args],
-            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for pid in range(2)
-    ]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-4000:]
+    launcher = ["bash", str(REPO / "scripts/slurm/launch_manual.sh")]
+    with _two_processes(lambda flags: [*launcher, *flags, "--", *train_args], env) as procs:
+        outs = _outputs(procs, timeout=300)
     assert "mesh(data=1, fsdp=2, model=4) on 8x cpu; 2 process(es)" in outs[0]
     losses = re.findall(r"step \d+/2 \| loss ([0-9.]+)", outs[0])  # process 0 logs
     assert len(losses) == 2 and all(math.isfinite(float(x)) and float(x) > 0 for x in losses)
-    finals = [re.search(r"process (\d)/2 done: final loss ([0-9.]+)", o) for o in outs]
-    assert all(finals) and {m.group(1) for m in finals} == {"0", "1"}
-    assert finals[0].group(2) == finals[1].group(2)
+    _assert_same_final_loss(outs)
     assert (model_dir / "checkpoints" / "2").is_dir()
     assert {p.name for p in (model_dir / "data_state" / "2").iterdir()} == {"process_0",
                                                                             "process_1"}
