@@ -50,10 +50,9 @@ GENERATIONS: dict[str, Generation] = {
     "v5p": Generation("v5p", "TPU v5", 3, True, 2, 95 * GIB, 64 * MIB, 16 * MIB, 459e12),
     "v6e": Generation("v6e", "TPU v6 lite", 2, False, 1, 32 * GIB, 128 * MIB, 32 * MIB, 918e12),
 }
-# Spellings accepted before ':' / '-' in a target name, and what libtpu calls the generation.
+# Spellings accepted before ':' / '-' in a target name (libtpu's topologies use the names above).
 _ALIASES = {"v4": "v4", "v5e": "v5e", "v5litepod": "v5e", "v5lite": "v5e", "v5p": "v5p",
             "v5": "v5p", "v6e": "v6e"}
-_TOPOLOGY_PREFIX = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +138,7 @@ def parse_target(name: str, num_slices: int = 1) -> TpuTarget:
     if num_slices < 1:
         raise ValueError(f"num_slices must be >= 1; got {num_slices}")
     host = tuple(min(s, b) for s, b in zip((*shape, 1)[:3], (2, 2, 1), strict=True))
-    topology = f"{_TOPOLOGY_PREFIX[gen.name]}:{'x'.join(map(str, shape))}"
+    topology = f"{gen.name}:{'x'.join(map(str, shape))}"
     return TpuTarget(name=name, generation=gen, topology=topology,
                      chip_config="megacore" if gen.megacore else "default",
                      chips_per_host_bounds=host, num_slices=num_slices, shape=shape)

@@ -10,14 +10,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
-
-from t5x_like.data import atomic
 
 DATA_DIR_ENV = "T5X_LIKE_DATA_DIR"
 DEFAULT_DATA_DIR = "~/.cache/t5x_like"
@@ -202,26 +199,7 @@ def fetch(name: str, root: str | os.PathLike | None = None, *, log=print) -> Pat
     return dest
 
 
-def fetch_all(root: str | os.PathLike | None = None, *, log=print) -> dict[str, Path]:
-    """Fetch every pinned asset; returns name -> local path."""
-    return {name: fetch(name, root, log=log) for name in ASSETS}
-
-
 def is_cached(name: str, root: str | os.PathLike | None = None) -> bool:
     """True if asset `name` is present with the right checksum."""
     p = asset_path(name, root)
     return p.is_file() and sha256_of(p) == ASSETS[name].stored_sha256
-
-
-def copy_into_cache(name: str, src: str | os.PathLike,
-                    root: str | os.PathLike | None = None) -> Path:
-    """Place a hand-fetched file for asset `name` into the cache after checking its sha256."""
-    asset = ASSETS[name]
-    got = sha256_of(src)
-    if got != asset.stored_sha256:
-        raise AssetError(f"{src} has sha256 {got}, not the {asset.stored_sha256} pinned for "
-                         f"asset {name!r}")
-    dest = asset_path(name, root)
-    with atomic.write_file(dest) as tmp:
-        shutil.copyfile(src, tmp)
-    return dest

@@ -122,18 +122,6 @@ class NamedVocabulary(seqio.Vocabulary):
     vocab_size = property(lambda self: self._vocab.vocab_size)
     _base_vocab_size = property(lambda self: self._vocab.vocab_size - self._vocab.extra_ids)
 
-    def _encode(self, s):
-        return self._vocab.encode(s)
-
-    def _decode(self, ids):
-        return self._vocab.decode(ids)
-
-    def _encode_tf(self, s):
-        return self._vocab.encode_tf(s)
-
-    def _decode_tf(self, ids):
-        return self._vocab.decode_tf(ids)
-
     def encode(self, s):
         return self._vocab.encode(s)
 
@@ -145,6 +133,9 @@ class NamedVocabulary(seqio.Vocabulary):
 
     def decode_tf(self, ids):
         return self._vocab.decode_tf(ids)
+
+    # seqio's abstract hooks: the wrapped vocabulary's public methods do it all.
+    _encode, _decode, _encode_tf, _decode_tf = encode, decode, encode_tf, decode_tf
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, NamedVocabulary) and other.name == self.name
@@ -424,14 +415,6 @@ def task_objective(name: str) -> Objective | None:
     if base not in _TASKS:
         raise _unknown(name)
     return _TASKS[base].objective
-
-
-def task_corpus(name: str) -> str:
-    """The corpus a registered task reads."""
-    base = name.partition(":")[0]
-    if base not in _TASKS:
-        raise _unknown(name)
-    return _TASKS[base].corpus
 
 
 # ----------------------------------------------------------------------------- datasets

@@ -223,17 +223,6 @@ def get_vocabulary(name: str = "c4_32k", *, extra_ids: int = DEFAULT_EXTRA_IDS,
     return vocab
 
 
-def sentinel_id(vocabulary: seqio.Vocabulary, index: int) -> int:
-    """Id of `<extra_id_{index}>` (vocab_size - 1 - index); errors if there is no such
-    sentinel."""
-    n = getattr(vocabulary, "extra_ids", 0) or 0
-    if not 0 <= index < n:
-        raise VocabularyError(
-            f"sentinel <extra_id_{index}> requested but the vocabulary has {n} extra ids. Load "
-            f"it with get_vocabulary(..., extra_ids={max(DEFAULT_EXTRA_IDS, index + 1)}).")
-    return vocabulary.vocab_size - 1 - index
-
-
 # --------------------------------------------------------------------------- CLI
 
 

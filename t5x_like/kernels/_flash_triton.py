@@ -225,26 +225,20 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     q_idx, qseg, pq, lo, hi = _q_loop_state(cfg, r, q0)
 
     def body(j, carry):
+        m, denom, acc = carry
         ks, k_idx, kseg, pk, bias = _k_block_inputs(cfg, r, j)
-
-        # Loads stay outside the skip `cond`: Triton pipelines only loads in the loop body.
         k = r["k"][ks, :]
         v = r["v"][ks, :]
         rel = _rel_tile(cfg, r, q0, j * cfg.block_k, "relband") if cfg.has_rel else None
-
-        def compute(c):
-            m, denom, acc = c
-            s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk,
-                                  None, bias, rel)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            m_safe = jnp.where(m_new == fc.NEG_INF, 0.0, m_new)
-            alpha = jnp.exp(m - m_safe)
-            p = jnp.exp(s - m_safe[:, None])
-            denom_new = denom * alpha + jnp.sum(p, axis=1)
-            acc_new = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
-            return m_new, denom_new, acc_new
-
-        return compute(carry)
+        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
+                              bias, rel)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        m_safe = jnp.where(m_new == fc.NEG_INF, 0.0, m_new)
+        alpha = jnp.exp(m - m_safe)
+        p = jnp.exp(s - m_safe[:, None])
+        denom_new = denom * alpha + jnp.sum(p, axis=1)
+        acc_new = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
+        return m_new, denom_new, acc_new
 
     bq, d = cfg.block_q, cfg.head_dim_pad
     init = (
@@ -311,31 +305,26 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
         lo, hi = jnp.maximum(lo, r["qlo"][...]), r["qhi"][...]
 
     def body(i, carry):
+        dk, dv = carry
         q0 = i * cfg.block_q
         qs = pl.ds(q0, cfg.block_q)
         q_idx = q0 + jnp.arange(cfg.block_q, dtype=jnp.int32)
         qseg = r["qseg"][qs] if cfg.has_seg else None
         pq = r["pq"][qs] if cfg.has_prefix else None
         bias = r["bias"][qs, :] if cfg.has_bias else None
-
-        q = r["q"][qs, :]  # loads outside the skip `cond` (pipelined)
+        q = r["q"][qs, :]
         do = r["do"][qs, :]
         lse = r["lse"][qs]
         delta = r["delta"][qs]
         rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
-
-        def compute(c):
-            dk, dv = c
-            s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk,
-                                  None, bias, rel)
-            p = jnp.exp(s - lse[:, None])
-            dv = dv + dot(p.astype(do.dtype), do, ta=True)
-            dp = dot(do, v, tb=True)
-            ds = p * (dp - delta[:, None])
-            dk = dk + dot(ds.astype(q.dtype), q, ta=True)
-            return dk, dv
-
-        return compute(carry)
+        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
+                              bias, rel)
+        p = jnp.exp(s - lse[:, None])
+        dv = dv + dot(p.astype(do.dtype), do, ta=True)
+        dp = dot(do, v, tb=True)
+        ds = p * (dp - delta[:, None])
+        dk = dk + dot(ds.astype(q.dtype), q, ta=True)
+        return dk, dv
 
     zeros = jnp.zeros((cfg.block_k, cfg.head_dim_pad), jnp.float32)
     dk, dv = jax.lax.fori_loop(lo, hi, body, (zeros, zeros))
@@ -362,28 +351,23 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         jax.lax.fori_loop(0, cfg.nk, zero, 0)
 
     def body(j, carry):
+        dq, dtab = carry
         ks, k_idx, kseg, pk, bias = _k_block_inputs(cfg, r, j)
-
-        k = r["k"][ks, :]  # loads outside the skip `cond` (pipelined)
+        k = r["k"][ks, :]
         v = r["v"][ks, :]
         k0 = j * cfg.block_k
         rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
         bucket = _rel_tile(cfg, r, q0, k0, "bucketband") if cfg.has_rel else None
-
-        def compute(c):
-            dq, dtab = c
-            s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk,
-                                  None, bias, rel)
-            p = jnp.exp(s - lse[:, None])
-            ds = p * (dot(do, v, tb=True) - delta[:, None])
-            dq = dq + dot(ds.astype(k.dtype), k)
-            if cfg.has_rel:
-                dtab = dtab + _rel_grad_tile(cfg, bucket, ds)
-            if cfg.has_bias:
-                r["dbias"][:, ks] = ds
-            return dq, dtab
-
-        return compute(carry)
+        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
+                              bias, rel)
+        p = jnp.exp(s - lse[:, None])
+        ds = p * (dot(do, v, tb=True) - delta[:, None])
+        dq = dq + dot(ds.astype(k.dtype), k)
+        if cfg.has_rel:
+            dtab = dtab + _rel_grad_tile(cfg, bucket, ds)
+        if cfg.has_bias:
+            r["dbias"][:, ks] = ds
+        return dq, dtab
 
     init = (
         jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32),
