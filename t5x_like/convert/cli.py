@@ -50,7 +50,7 @@ from t5x_like.convert import interop
 from t5x_like.convert import param_tree as pt
 from t5x_like.convert.interop import ConversionError
 from t5x_like.models.config import TransformerConfig
-from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR
+from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR, find_state_dir
 
 #: The SentencePiece model an HF T5 checkpoint ships; `--to ours` copies it beside the params.
 HF_SENTENCEPIECE = "spiece.model"
@@ -82,19 +82,7 @@ def read_tree(path: str) -> Any:
                               "restore it with T5X and save its 'target' with orbax first")
     import orbax.checkpoint as ocp
 
-    return ocp.PyTreeCheckpointer().restore(_state_dir(path))
-
-
-def _state_dir(path: str) -> str:
-    """A t5x_like model dir / checkpoints dir / step dir -> its orbax state dir; else `path`."""
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        path = os.path.join(path, "checkpoints")
-    steps = [d for d in os.listdir(path) if d.isdigit()]
-    if steps:
-        path = os.path.join(path, max(steps, key=int))
-    if os.path.isdir(os.path.join(path, "state")):
-        path = os.path.join(path, "state")
-    return path
+    return ocp.PyTreeCheckpointer().restore(find_state_dir(path))
 
 
 def _model_dir_gin(path: str) -> str | None:

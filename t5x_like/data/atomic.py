@@ -4,12 +4,13 @@ A build (the corpus, the downstream suite, a vocabulary, a cleaned file, a fetch
 written next to its destination under a temporary name and renamed into place in one step, so
 a reader never sees half of it and a killed build leaves nothing a freshness check accepts.
 Each build records its own fingerprint inside what it writes (`stats.json`, `manifest.json`,
-`meta.json`); this module only does the renaming.
+`meta.json`); this module does the renaming and `read_record` checks such a record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -74,3 +75,19 @@ def write_file(dest: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_record(path: Path, fingerprint: str) -> dict | None:
+    """The JSON record of a build (`stats.json`, `manifest.json`) if it has `fingerprint` and
+    every file it lists (`files`: path relative to it -> size) is intact; else None."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("fingerprint") != fingerprint:
+        return None
+    for rel, size in record.get("files", {}).items():
+        p = path.parent / rel
+        if not p.is_file() or p.stat().st_size != size:
+            return None
+    return record

@@ -239,18 +239,7 @@ def shard_name(split: str, index: int) -> str:
 
 def read_stats(data_dir: str | os.PathLike | None = None) -> dict | None:
     """The stats of a complete, current corpus build, or None if absent, stale or damaged."""
-    root = corpus_dir(data_dir)
-    try:
-        stats = json.loads((root / "stats.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if stats.get("fingerprint") != fingerprint():
-        return None
-    for name, size in stats.get("files", {}).items():
-        p = root / name
-        if not p.is_file() or p.stat().st_size != size:
-            return None
-    return stats
+    return atomic.read_record(corpus_dir(data_dir) / "stats.json", fingerprint())
 
 
 def is_built(data_dir: str | os.PathLike | None = None) -> bool:

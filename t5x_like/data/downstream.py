@@ -327,18 +327,7 @@ def _not_prepared(data_dir: str | os.PathLike | None) -> str:
 
 def read_manifest(data_dir: str | os.PathLike | None = None) -> dict | None:
     """The manifest of a complete, current cache, or None if absent, stale or damaged."""
-    root = downstream_dir(data_dir)
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if manifest.get("fingerprint") != fingerprint():
-        return None
-    for rel, size in manifest.get("files", {}).items():
-        p = root / rel
-        if not p.is_file() or p.stat().st_size != size:
-            return None
-    return manifest
+    return atomic.read_record(downstream_dir(data_dir) / "manifest.json", fingerprint())
 
 
 def is_built(data_dir: str | os.PathLike | None = None) -> bool:

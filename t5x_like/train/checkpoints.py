@@ -387,7 +387,7 @@ class Checkpointer:
         self.manager.close()
 
 
-def _find_state_dir(path: str) -> str:
+def find_state_dir(path: str) -> str:
     """Accepts a model dir, its checkpoints dir, a step dir, a state dir or a converted dir
     (`python -m t5x_like.convert --to ours` output); returns the directory of the tree."""
     path = os.path.abspath(path)
@@ -419,7 +419,7 @@ def load_params(path: str, abstract_params: Any) -> Any:
             lambda a, x: jax.device_put(np.asarray(x, dtype=a.dtype), a.sharding),
             abstract_params, tree,
         )
-    state_dir = _find_state_dir(path)
+    state_dir = find_state_dir(path)
     checkpointer = ocp.PyTreeCheckpointer()
     _quiet_item_metadata_warning()
     try:
