@@ -56,6 +56,7 @@ def model_config(name: str, dtype: str) -> Any:
     from t5x_like.models import TransformerConfig
 
     gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))  # the presets include gin/models/common/*.gin
     gin.parse_config_file(str(REPO / "gin" / "models" / f"{MODELS[name]['gin']}.gin"))
     cfg = TransformerConfig()
     gin.clear_config()

@@ -15,6 +15,7 @@ GIN = pathlib.Path(__file__).resolve().parents[2] / "gin"
 MODELS = sorted((GIN / "models").glob("*.gin"))
 ARCHITECTURES = sorted((GIN / "architectures").glob("*.gin"))
 SCAN = ["TransformerConfig.scan_layers = True"]  # same parameters, traces one layer: fast
+gin.add_config_file_search_path(str(GIN.parent))  # presets include gin/models/common/*.gin
 
 
 def config_from(*files: pathlib.Path, bindings: list[str] = ()) -> TransformerConfig:
