@@ -24,6 +24,11 @@ Defaults are sized for a 2-core CPU (finetune.gin's paper settings are 2^18 step
 
 from __future__ import annotations
 
+from t5x_like import hugepages
+
+if __name__ == "__main__":  # before the heavy imports below (2.5 s), which would run twice
+    hugepages.reexec_with_hugepages()  # huge pages for XLA:CPU's buffers (fine-tuning)
+
 import argparse
 import json
 import os
@@ -35,7 +40,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from t5x_like import hugepages, infer
+from t5x_like import infer
 from t5x_like.train import cli
 from t5x_like.train.checkpoints import CheckpointUnreadableError
 
@@ -286,5 +291,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    hugepages.reexec_with_hugepages()  # huge pages for XLA:CPU's buffers (fine-tuning)
     sys.exit(main(sys.argv[1:]))

@@ -10,6 +10,8 @@
   meanwhile is passed through;
 - C++ warnings are off (`TF_CPP_MIN_LOG_LEVEL=2` unless set): e.g. "did not fully read the
   dataset being cached", which every run that stops inside a cached epoch triggers, by design.
+
+`no_autograph()` builds input pipelines with their functions traced as written.
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ def drop_stderr_lines(pattern: re.Pattern[bytes]) -> Iterator[None]:
                     if not pattern.match(line.rstrip(b"\n"))]
             if kept:
                 os.write(2, b"".join(kept))
+
+
+@contextlib.contextmanager
+def no_autograph() -> Iterator[None]:
+    """Trace the tf.data functions made inside as written, without AutoGraph: t5x_like's use
+    `tf.while_loop` / `tf.cond` where they branch, and SeqIO's need no conversion either, while
+    converting them (about 40 functions, source rewritten to files under /tmp) cost each
+    training process ~5 s. A function that relies on conversion fails loudly when traced."""
+    from tensorflow.python.autograph.core import ag_ctx  # TF's switch; no public equivalent
+
+    with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.DISABLED):
+        yield
 
 
 class _QuietLoader(importlib.abc.Loader):

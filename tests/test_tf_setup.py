@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from t5x_like import tf_setup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,3 +46,18 @@ def test_importing_tensorflow_through_t5x_like_prints_nothing() -> None:
             "print('after', file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)
     assert out.stderr.decode() == "after\n"  # what is written outside the import still shows
+
+
+def test_no_autograph_traces_dataset_functions_as_written() -> None:
+    import tensorflow as tf
+
+    def absolute(x):
+        if x < 0:  # a Python branch on a tensor: only AutoGraph turns it into a tf.cond
+            return -x
+        return x
+
+    ds = tf.data.Dataset.from_tensor_slices([-2, 3])
+    assert list(ds.map(absolute).as_numpy_iterator()) == [2, 3]
+    with tf_setup.no_autograph(), pytest.raises(TypeError, match="tf.Tensor"):
+        ds.map(absolute)
+    assert list(ds.map(absolute).as_numpy_iterator()) == [2, 3]  # switched back on after

@@ -43,6 +43,7 @@ import gin
 import seqio
 import tensorflow as tf
 
+from t5x_like import tf_setup
 from t5x_like.data import converters, tokenize
 from t5x_like.data.objectives import Objective, denoise
 
@@ -467,15 +468,16 @@ def get_dataset(
     has_inputs = "inputs" in provider.output_features
     lengths = converters.model_sequence_length(model_family, sequence_length, has_inputs)
     converter = converters.get_feature_converter(model_family, has_inputs=has_inputs, pack=pack)
-    ds = provider.get_dataset(
-        sequence_length=lengths,
-        split=split,
-        shuffle=shuffle,
-        seed=shard_seed(seed, shard_id),
-        shard_info=seqio.ShardInfo(shard_id, num_shards) if num_shards > 1 else None,
-        num_epochs=num_epochs,
-    )
-    ds = converter(ds, lengths)
-    ds = ds.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.map(_pad_batch(batch_size), num_parallel_calls=tf.data.AUTOTUNE)
+    with tf_setup.no_autograph():
+        ds = provider.get_dataset(
+            sequence_length=lengths,
+            split=split,
+            shuffle=shuffle,
+            seed=shard_seed(seed, shard_id),
+            shard_info=seqio.ShardInfo(shard_id, num_shards) if num_shards > 1 else None,
+            num_epochs=num_epochs,
+        )
+        ds = converter(ds, lengths)
+        ds = ds.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(_pad_batch(batch_size), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)

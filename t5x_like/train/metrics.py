@@ -101,10 +101,10 @@ class MetricsWriter:
             return
         os.makedirs(model_dir, exist_ok=True)
         self._jsonl = open(os.path.join(model_dir, "metrics.jsonl"), "a", encoding="utf-8")
-        if tensorboard:
-            from tensorboardX import SummaryWriter
+        if tensorboard:  # TensorFlow's event writer: loaded for tf.data anyway (tensorboardX
+            import tensorflow as tf  # cost 3 s per process: it imports torch where installed)
 
-            self._tb = SummaryWriter(logdir=model_dir, flush_secs=10)
+            self._tb = tf.summary.create_file_writer(model_dir, flush_millis=10_000)
 
     def write(self, step: int, split: str, metrics: Mapping[str, float | None]) -> None:
         """Record ``metrics`` at ``step`` (None values go to JSONL as null, skipped elsewhere)."""
@@ -115,10 +115,14 @@ class MetricsWriter:
         row = {"step": int(step), "split": split, "time": time.time(), **clean}
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
-        if self._tb is not None:
-            for key, value in clean.items():
-                if value is not None and math.isfinite(value):
-                    self._tb.add_scalar(f"{split}/{key}", value, int(step))
+        if self._tb is not None:  # TensorBoard's classic scalars (simple_value)
+            import tensorflow as tf
+
+            values = [tf.compat.v1.Summary.Value(tag=f"{split}/{key}", simple_value=value)
+                      for key, value in clean.items() if value is not None and math.isfinite(value)]
+            with self._tb.as_default():
+                tf.summary.experimental.write_raw_pb(
+                    tf.compat.v1.Summary(value=values).SerializeToString(), step=int(step))
 
     def rewind(self, step: int) -> int:
         """Drop ``metrics.jsonl`` rows after ``step``: a run resumed from that checkpoint logs
