@@ -45,6 +45,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.sections.append(
             ("seed", f"re-run with {SEED_ENV}={seed} pytest '{item.nodeid}'"))
 
+
+#: The costliest modules (each 2-6 worker-minutes in a 2-worker run), costliest first. They are
+#: collected first: `--dist loadfile` hands modules to workers in collection order, so started
+#: last, one of them would leave a worker running it alone at the end of the run.
+COSTLIEST_FIRST = ("sweep/test_cells.py", "train/test_multiprocess.py", "aot/test_cli.py",
+                   "train/test_resume.py", "test_plan.py", "train/test_metrics_lag.py",
+                   "models/test_decoding.py", "notebooks/test_notebook.py",
+                   "train/test_corrupt_checkpoints.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(REPO / "tests").as_posix()
+        return COSTLIEST_FIRST.index(path) if path in COSTLIEST_FIRST else len(COSTLIEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 #: A tiny encoder-decoder (1+1 layers, d_model 32) with the c4like_8k vocabulary.
 TINY_BINDINGS = (
     "TransformerConfig.vocab_size = 8192",

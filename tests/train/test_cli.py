@@ -12,7 +12,7 @@ import gin
 import pytest
 
 from t5x_like.train import cli
-from tests.train.conftest import REPO, subprocess_env
+from tests.train.conftest import REPO, TINY_MODEL_BINDINGS, subprocess_env
 
 
 def test_split_gin_flags_turns_dotted_flags_into_bindings() -> None:
@@ -194,7 +194,8 @@ def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> N
     rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--gin.train.model_dir='{rel}'",
                    "--gin.train.num_train_steps=1", "--gin.train.batch_size=8",
                    "--gin.train.sequence_length={'inputs': 32, 'targets': 8}",
-                   "--gin.train.checkpoint_every=1", "--gin.train.tensorboard=False"])
+                   "--gin.train.checkpoint_every=1", "--gin.train.tensorboard=False",
+                   *[f"--gin_bindings={b}" for b in TINY_MODEL_BINDINGS]])
     assert rc == 0
     text = (tmp_path / rel / "config.gin").read_text(encoding="utf-8")
     assert f"train.model_dir = {str(tmp_path / rel)!r}" in text

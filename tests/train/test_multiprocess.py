@@ -63,20 +63,6 @@ def _assert_same_final_loss(outs: list[str]) -> None:
     assert finals[0].group(2) == finals[1].group(2)
 
 
-def test_two_processes_agree_on_loss_and_write_one_checkpoint(tmp_path, compile_cache) -> None:
-    model_dir = tmp_path / "mp"
-    cmd = _train_cmd(model_dir, "train.num_train_steps = 3", "train.checkpoint_every = 3",
-                     "create_mesh.mesh_shape = (2, 4, 1)")
-    with _two_processes(lambda flags: cmd + flags, subprocess_env(4)) as procs:
-        outs = _outputs(procs, timeout=300)
-    _assert_same_final_loss(outs)
-    assert "mesh(data=2, fsdp=4, model=1) on 8x cpu; 2 process(es)" in outs[0]
-    steps = sorted(p.name for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps == ["3"]
-    assert (model_dir / "data_state" / "3" / "process_0").exists()
-    assert (model_dir / "data_state" / "3" / "process_1").exists()
-
-
 def test_sigterm_to_one_process_stops_both_at_the_same_agreed_step(tmp_path,
                                                                   compile_cache) -> None:
     """Processes agree on a signal every `train.signal_check_every` steps (not every step: the
@@ -120,6 +106,7 @@ def test_fsdp_tp_preset_through_the_manual_launcher(tmp_path, compile_cache) -> 
     losses = re.findall(r"step \d+/2 \| loss ([0-9.]+)", outs[0])  # process 0 logs
     assert len(losses) == 2 and all(math.isfinite(float(x)) and float(x) > 0 for x in losses)
     _assert_same_final_loss(outs)
-    assert (model_dir / "checkpoints" / "2").is_dir()
+    steps = sorted(p.name for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == ["2"]  # one checkpoint, written jointly
     assert {p.name for p in (model_dir / "data_state" / "2").iterdir()} == {"process_0",
                                                                             "process_1"}

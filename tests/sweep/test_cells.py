@@ -1,0 +1,170 @@
+"""Real sweep cells at the micro scale (train + evaluate subprocesses): a sweep end to end and
+its resume; same seed, same numbers (a cell run beside another on the same cores from a cold
+compilation cache vs. run alone from a warm one, killed with -9 and resumed); and
+`scripts/bench_noise_floor.py` on the same cells. These are the suite's most expensive tests, so
+they live in one module and share one sweep (`swept`): everything after it reuses its cells."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from t5x_like.sweep import runner
+
+ROOT = Path(__file__).resolve().parents[2]
+T2 = "gin/sweeps/t5_table2_architectures.gin"
+ROWS = ("Encoder-decoder | Denoising", "Language model | LM")  # both families
+MICRO = ROOT / "gin" / "sweeps" / "scales" / "micro.gin"
+STEPS = 20
+
+
+def _sweep(sweep_dir: Path, scale: Path, rows: str, *, seeds: int = 1, parallel: int = 1,
+           env: dict[str, str] | None = None, out: Path | None = None) -> str:
+    argv = [sys.executable, "-m", "t5x_like.sweep", f"--sweep={T2}", f"--scale={scale}",
+            f"--rows={rows}", f"--seeds={seeds}", f"--parallel={parallel}",
+            f"--sweep_dir={sweep_dir}", *([f"--out={out}"] if out else [])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
+                          env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> tuple[Path, Path, str]:
+    """(scale file, sweep dir, sweep log): the micro scale with 20 steps and a checkpoint every
+    10 (so a run can be killed between checkpoints); both rows x 2 seeds, two cells at a time on
+    the two cores, from a cold compilation cache."""
+    root = tmp_path_factory.mktemp("cells")
+    scale = root / "micro_ckpt.gin"
+    scale.write_text(f"include '{MICRO}'\n"
+                     f"train.num_train_steps = {STEPS}\ntrain.checkpoint_every = 10\n"
+                     "train.keep_checkpoints = 2\ntrain.log_every = 5\n"
+                     "sweep_scale.name = 'micro_ckpt'\n")
+    log = _sweep(root / "sweep", scale, ",".join(ROWS), seeds=2, parallel=2,
+                 out=root / "bench" / "t5_tables_micro")
+    return scale, root / "sweep", log
+
+
+def _numbers(cell: Path) -> dict:
+    """A cell's logged pre-training losses and its downstream results."""
+    losses = sorted({r["step"]: r["loss"] for r in runner.read_metrics(str(cell / "pretrain"))
+                     if r.get("split") == "train" and "loss" in r}.items())  # resumed: last
+    results = json.loads((cell / "results.json").read_text())
+    finetune = results["evaluation"]["finetune"]["runs"][0]["final_loss"]
+    return {"losses": losses, "tasks": results["tasks"], "finetune_loss": finetune}
+
+
+def test_sweep_end_to_end_and_a_rerun_skips_finished_cells(swept):
+    _, sweep_dir, log = swept
+    cells = sorted(os.listdir(sweep_dir / "cells"))
+    assert len(cells) == 4 and log.count(": pre-training") == 4
+    assert os.listdir(sweep_dir / runner.XLA_CACHE)  # the cells' shared compilation cache
+    for cell in cells:
+        results = json.loads((sweep_dir / "cells" / cell / "results.json").read_text())
+        assert results["pretrain"]["final_step"] == STEPS
+        assert results["pretrain"]["input_tokens"] == STEPS * 8 * 16
+        assert set(results["tasks"]) == {"downstream_spam"}
+        assert 0.0 <= results["suite_average"] <= 100.0 and results["parameters"] > 0
+    for name in ("table2.md", "table2.json", "table2.png", "loss_curves.png",
+                 "t5_tables_micro_ckpt.md", "t5_tables_micro_ckpt.json"):
+        assert (sweep_dir / name).stat().st_size > 0, name
+    out = sweep_dir.parent / "bench" / "t5_tables_micro"
+    for suffix in (".md", ".json", "_table2.png", "_loss_curves.png"):
+        assert os.path.getsize(f"{out}{suffix}") > 0, suffix
+    table = json.loads((sweep_dir / "t5_tables_micro_ckpt.json").read_text())["tables"]["table2"]
+    done = [r for r in table["rows"] if r["num_seeds"]]
+    assert [(r["row"], r["num_seeds"]) for r in done] == [(row, 2) for row in ROWS]
+    stamps = {c: os.path.getmtime(sweep_dir / "cells" / c / "results.json") for c in cells}
+    logs = {c: (sweep_dir / "cells" / c / "pretrain.log").stat().st_size for c in cells}
+    log = _sweep(sweep_dir, swept[0], ",".join(ROWS), seeds=2)  # all done: skipped, reported
+    assert log.count("done, skipped") == 4 and ": pre-training" not in log
+    for c in cells:
+        assert os.path.getmtime(sweep_dir / "cells" / c / "results.json") == stamps[c]
+        assert (sweep_dir / "cells" / c / "pretrain.log").stat().st_size == logs[c]
+
+
+def test_same_numbers_alone_from_a_warm_cache_after_kill_9_and_resume(swept, tmp_path):
+    """One of the sweep's cells again, alone, compiling from the sweep's cache, its sweep killed
+    (-9, the process group) once pre-training has a checkpoint (or later) and rerun: the cell
+    ends with the losses and scores it had beside another cell, uninterrupted and compiling
+    anew; and no train step was compiled anew here. (Whichever of the three broke it, the
+    numbers would differ.)"""
+    scale, sweep_dir, _ = swept
+    cache = sweep_dir / runner.XLA_CACHE
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+    def steps() -> set[str]:
+        return {f for f in os.listdir(cache) if f.startswith("jit_step")}
+
+    cached = steps()
+    argv = [sys.executable, "-m", "t5x_like.sweep", f"--sweep={T2}", f"--scale={scale}",
+            f"--rows={ROWS[0]}", f"--sweep_dir={tmp_path}"]
+    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True, env=env, cwd=ROOT)
+    deadline = time.time() + 300
+    while not list(tmp_path.glob("cells/*/pretrain/checkpoints/*10*")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    (cell,) = os.listdir(tmp_path / "cells")
+    assert not (tmp_path / "cells" / cell / "results.json").exists()  # it was interrupted
+    _sweep(tmp_path, scale, ROWS[0], env=env)
+    assert cached and steps() == cached  # the train steps came from the cache
+    reference = _numbers(sweep_dir / "cells" / cell)
+    assert len(reference["losses"]) >= 3 and reference["tasks"]
+    assert _numbers(tmp_path / "cells" / cell) == reference
+
+
+def _noise_floor(scale: Path, sweep_dir: Path, out: Path) -> dict:
+    rows = ",".join(f"table2:{row}" for row in ROWS)
+    argv = [sys.executable, str(ROOT / "scripts" / "bench_noise_floor.py"), f"--scale={scale}",
+            "--seeds=2", f"--rows={rows}", f"--sweep_dir={sweep_dir}", f"--out={out}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def test_noise_floor_bench_reuses_the_cells_and_separates_fine_tuning_seeds(swept, tmp_path):
+    scale, sweep_dir, _ = swept
+    logs = sorted(sweep_dir.glob("cells/*/*.log"))
+    before = {p: p.stat().st_size for p in logs}
+    data = _noise_floor(scale, sweep_dir, tmp_path / "noise")
+    assert {p: p.stat().st_size for p in logs} == before  # the sweep's cells were reused
+    assert data["seeds"] == 2 and list(data["rows"]) == [f"table2:{row}" for row in ROWS]
+    for name, row in data["rows"].items():
+        sweep, finetune = row["sweep_seeds"], row["finetune_seeds"]
+        assert len(sweep["suite"]["values"]) == len(finetune["suite"]["values"]) == 2, name
+        # both sets start from the sweep's own seed-0 cell
+        assert sweep["suite"]["values"][0] == finetune["suite"]["values"][0]
+        a, b = sweep["suite"]["std"], finetune["suite"]["std"]
+        assert abs(row["pretrain_seed_std"]["suite"] ** 2 - max(0.0, a * a - b * b)) < 1e-6
+        assert row["test_sample_std"]["suite"] > 0
+        t = row["seconds_per_cell"]
+        assert row["timed_cells"] == 2 and t["pretrain_steps"] > 0 and t["scoring"] > 0
+        parts = t["pretrain_steps"] + t["pretrain_rest"] + t["finetune"] + t["scoring"]
+        assert abs(parts + t["evaluate_rest"] - t["total"]) < 1.0
+        # the extra fine-tune really ran with seed 1 on the seed-0 checkpoint
+        cell = sweep_dir / "cells" / row["cells"][0]
+        config = (cell / "eval_ft1" / "finetune" / "downstream_spam" / "config.gin").read_text()
+        assert "train.seed = 1" in config
+        assert str(cell / "pretrain") in config
+    d = data["difference"]
+    assert d["ci"][0] <= d["ci"][1] and d["rows"] == list(data["rows"])
+    md = (tmp_path / "noise.md").read_text()
+    assert "std, fine-tuning seeds" in md and data["machine"] in md
+    assert "Where a cell's time goes" in md and "cells run one at a time" in md  # the bench's
+    # a rerun reuses every finished cell and fine-tune
+    logs = sorted(sweep_dir.glob("cells/*/*.log"))  # now with the extra fine-tunes' logs
+    assert len(logs) > len(before)
+    before = {p: p.stat().st_size for p in logs}
+    again = _noise_floor(scale, sweep_dir, tmp_path / "noise")
+    assert {p: p.stat().st_size for p in logs} == before
+    assert again["rows"] == data["rows"]
