@@ -3,7 +3,7 @@
     python -m t5x_like.sweep --scale=tiny \\
         --sweep=gin/sweeps/t5_table2_architectures.gin,gin/sweeps/t5_table3_objectives.gin \\
         [--seeds=3] [--parallel=N] [--rows=a,b] [--sweep_dir=DIR] \\
-        [--print_commands | --report_only] [--out=benchmarks/t5_tables_tiny]
+        [--archive=DIR] [--print_commands | --report_only] [--out=benchmarks/t5_tables_tiny]
     python -m t5x_like.sweep --run_cell=DIR     # one cell (what --print_commands prints)
 
 Exit status: 0 all cells done, 1 some cell failed (the others still ran; reports cover the
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=1, help="cells run at once")
     p.add_argument("--rows", default=None, help="comma-separated row names (or table:row)")
     p.add_argument("--sweep_dir", default=None, help="default: runs/sweeps/<scale>")
+    p.add_argument("--archive", default=None,
+                   help="dir of finished cells' records: restored first, each new cell added")
     p.add_argument("--print_commands", action="store_true",
                    help="print one shell command per unfinished cell instead of running")
     p.add_argument("--report_only", action="store_true", help="only regenerate the reports")
@@ -65,6 +67,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     sweep_dir = os.path.abspath(args.sweep_dir or os.path.join("runs", "sweeps", scale.name))
+    if args.archive:
+        restored = runner.restore(cells, args.archive, sweep_dir)
+        print(f"[sweep] {restored} finished cells restored from {args.archive}", flush=True)
     if args.print_commands:
         for line in runner.print_commands(cells, scale, sweep_dir):
             print(line)
@@ -74,7 +79,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"[sweep] {len(cells)} cells ({', '.join(tables)}, scale {scale.name}) "
               f"in {sweep_dir}", flush=True)
         start = time.time()
-        failures = runner.run_cells(cells, scale, sweep_dir, parallel=args.parallel)
+        failures = runner.run_cells(cells, scale, sweep_dir, parallel=args.parallel,
+                                    archive=args.archive)
         print(f"[sweep] finished in {time.time() - start:.0f}s, {len(failures)} failed",
               flush=True)
     from t5x_like.sweep import report

@@ -6,6 +6,10 @@ Layout of a cell, `<sweep_dir>/cells/<cell_id>/`:
                  its log in pretrain.log
   eval/          evaluate's out dir (finetune/, results.json, results.md); log in eval.log
   results.json   written last (atomically): the cell is done; a rerun skips it
+A finished cell's records (`RECORDS`: what the report reads, no checkpoints) can be kept in an
+archive dir of the same layout (`--archive`, e.g. committed under benchmarks/): a sweep restores
+the cells it finds there before running and archives each cell it finishes, so a sweep spread
+over sessions on fresh checkouts only ever runs a cell once.
 An interrupted cell resumes: the trainer restarts from its latest checkpoint and evaluate skips
 fine-tunes that reached their step count. Cells run most expensive first (training FLOPs per
 sequence), so with `--parallel` the long decoder-only cells do not trail at the end, and share one
@@ -21,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -36,6 +41,9 @@ from t5x_like.sweep.grid import Cell
 RESULTS = "results.json"
 CELL_SPEC = "cell.json"
 XLA_CACHE = "xla_cache"
+# What a finished cell is to the report (results last: copied, it marks the copy done).
+RECORDS = (CELL_SPEC, os.path.join("pretrain", "metrics.jsonl"),
+           os.path.join("eval", "results.json"), os.path.join("eval", "predictions"), RESULTS)
 _PRINT_LOCK = threading.Lock()
 
 
@@ -51,6 +59,31 @@ def cell_dir(sweep_dir: str, cell: Cell) -> str:
 def is_done(path: str) -> bool:
     """A cell dir holding results.json is finished."""
     return os.path.exists(os.path.join(path, RESULTS))
+
+
+def copy_records(src: str, dst: str) -> None:
+    """Copy a finished cell's `RECORDS` from cell dir `src` to cell dir `dst` (results.json
+    last, atomically: an interrupted copy is not a finished cell)."""
+    for rel in RECORDS:
+        source, target = os.path.join(src, rel), os.path.join(dst, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.isdir(source):
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        elif os.path.exists(source):
+            shutil.copyfile(source, f"{target}.tmp")
+            os.replace(f"{target}.tmp", target)
+
+
+def restore(cells: Sequence[Cell], archive: str, sweep_dir: str) -> int:
+    """Copy into `sweep_dir` every cell finished in `archive` and not in `sweep_dir`; returns
+    how many."""
+    restored = 0
+    for cell in cells:
+        src, dst = cell_dir(archive, cell), cell_dir(sweep_dir, cell)
+        if is_done(src) and not is_done(dst):
+            copy_records(src, dst)
+            restored += 1
+    return restored
 
 
 def binding_flags(bindings: Sequence[str]) -> list[str]:
@@ -243,9 +276,9 @@ def by_cost(cells: Sequence[Cell]) -> list[Cell]:
 
 
 def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
-              parallel: int = 1) -> list[str]:
-    """Run every cell (`parallel` at once, most expensive first; finished ones skipped);
-    returns failure messages."""
+              parallel: int = 1, archive: str | None = None) -> list[str]:
+    """Run every cell (`parallel` at once, most expensive first; finished ones skipped), each
+    archived when it finishes if `archive` is given; returns failure messages."""
     if parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {parallel}")
     paths = [prepare(c, scale, sweep_dir) for c in by_cost(cells)]
@@ -254,6 +287,8 @@ def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
     def one(path: str) -> None:
         try:
             run_cell_dir(path, _locked_print)
+            if archive:
+                copy_records(path, os.path.join(archive, "cells", os.path.basename(path)))
         except (CellFailed, OSError, ValueError, KeyError) as err:
             _locked_print(f"[sweep] FAILED {err}")
             failures.append(str(err))

@@ -24,10 +24,12 @@ STEPS = 20
 
 
 def _sweep(sweep_dir: Path, scale: Path, rows: str, *, seeds: int = 1, parallel: int = 1,
-           env: dict[str, str] | None = None, out: Path | None = None) -> str:
+           env: dict[str, str] | None = None, out: Path | None = None,
+           archive: Path | None = None) -> str:
     argv = [sys.executable, "-m", "t5x_like.sweep", f"--sweep={T2}", f"--scale={scale}",
             f"--rows={rows}", f"--seeds={seeds}", f"--parallel={parallel}",
-            f"--sweep_dir={sweep_dir}", *([f"--out={out}"] if out else [])]
+            f"--sweep_dir={sweep_dir}", *([f"--out={out}"] if out else []),
+            *([f"--archive={archive}"] if archive else [])]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
                           env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,7 +40,7 @@ def _sweep(sweep_dir: Path, scale: Path, rows: str, *, seeds: int = 1, parallel:
 def swept(tmp_path_factory) -> tuple[Path, Path, str]:
     """(scale file, sweep dir, sweep log): the micro scale with 20 steps and a checkpoint every
     10 (so a run can be killed between checkpoints); both rows x 2 seeds, two cells at a time on
-    the two cores, from a cold compilation cache."""
+    the two cores, from a cold compilation cache, each finished cell archived in `archive/`."""
     root = tmp_path_factory.mktemp("cells")
     scale = root / "micro_ckpt.gin"
     scale.write_text(f"include '{MICRO}'\n"
@@ -46,7 +48,7 @@ def swept(tmp_path_factory) -> tuple[Path, Path, str]:
                      "train.keep_checkpoints = 2\ntrain.log_every = 5\n"
                      "sweep_scale.name = 'micro_ckpt'\n")
     log = _sweep(root / "sweep", scale, ",".join(ROWS), seeds=2, parallel=2,
-                 out=root / "bench" / "t5_tables_micro")
+                 out=root / "bench" / "t5_tables_micro", archive=root / "archive")
     return scale, root / "sweep", log
 
 
@@ -59,7 +61,7 @@ def _numbers(cell: Path) -> dict:
     return {"losses": losses, "tasks": results["tasks"], "finetune_loss": finetune}
 
 
-def test_sweep_end_to_end_and_a_rerun_skips_finished_cells(swept):
+def test_sweep_end_to_end_and_a_rerun_from_its_archive_skips_finished_cells(swept):
     _, sweep_dir, log = swept
     cells = sorted(os.listdir(sweep_dir / "cells"))
     assert len(cells) == 4 and log.count(": pre-training") == 4
@@ -79,13 +81,18 @@ def test_sweep_end_to_end_and_a_rerun_skips_finished_cells(swept):
     table = json.loads((sweep_dir / "t5_tables_micro_ckpt.json").read_text())["tables"]["table2"]
     done = [r for r in table["rows"] if r["num_seeds"]]
     assert [(r["row"], r["num_seeds"]) for r in done] == [(row, 2) for row in ROWS]
-    stamps = {c: os.path.getmtime(sweep_dir / "cells" / c / "results.json") for c in cells}
-    logs = {c: (sweep_dir / "cells" / c / "pretrain.log").stat().st_size for c in cells}
-    log = _sweep(sweep_dir, swept[0], ",".join(ROWS), seeds=2)  # all done: skipped, reported
-    assert log.count("done, skipped") == 4 and ": pre-training" not in log
-    for c in cells:
-        assert os.path.getmtime(sweep_dir / "cells" / c / "results.json") == stamps[c]
-        assert (sweep_dir / "cells" / c / "pretrain.log").stat().st_size == logs[c]
+    archive = sweep_dir.parent / "archive" / "cells"
+    assert sorted(os.listdir(archive)) == cells
+    assert {p.name for p in (archive / cells[0]).iterdir()} == {"cell.json", "results.json",
+                                                                "pretrain", "eval"}
+    assert not list(archive.glob("*/pretrain/checkpoints"))  # records only
+    # A fresh checkout's sweep restores the archived cells: nothing runs, the report is the same.
+    fresh = sweep_dir.parent / "fresh"
+    log = _sweep(fresh, swept[0], ",".join(ROWS), seeds=2, archive=archive.parent)
+    assert "4 finished cells restored" in log and log.count("done, skipped") == 4
+    assert ": pre-training" not in log
+    again = json.loads((fresh / "t5_tables_micro_ckpt.json").read_text())["tables"]["table2"]
+    assert again == table
 
 
 def test_same_numbers_alone_from_a_warm_cache_after_kill_9_and_resume(swept, tmp_path):
