@@ -23,22 +23,6 @@ sys.path.insert(0, ROOT)
 VARIANTS = ("causal_rel", "rel", "causal", "packed_prefix_rel")
 
 
-def problems(kernel: dict, smem_limit: int) -> list[str]:
-    """Why a kernel report fails the check (empty when it passes)."""
-    out = []
-    if "registers" not in kernel:
-        return ["no ptxas report"]
-    spill = kernel.get("spill_store_bytes", 0) + kernel.get("spill_load_bytes", 0)
-    if spill:
-        out.append(f"spills {kernel['spill_store_bytes']}/{kernel['spill_load_bytes']} B")
-    smem = kernel.get("dyn_smem_bytes", 0) + kernel.get("static_smem_bytes", 0)
-    if smem > smem_limit:
-        out.append(f"shared memory {smem} > {smem_limit} B")
-    if kernel.get("cp_async", 0) + kernel.get("tma", 0) == 0:
-        out.append("no cp.async/TMA (k loop not pipelined)")
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--archs", default="sm_80,sm_90")
@@ -69,7 +53,7 @@ def main() -> int:
                     continue
                 for name in gpu.FLASH_KERNELS:
                     k = report.get(name, {})
-                    bad = problems(k, target.smem_per_block_optin)
+                    bad = gpu.kernel_problems(k, target.smem_per_block_optin)
                     if bad:
                         failures.append(f"{where} {name}: " + "; ".join(bad))
                     rows.append((arch, d, variant, name.removeprefix("t5x_like_flash_"), k,

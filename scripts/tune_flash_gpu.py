@@ -29,6 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from t5x_like.aot import gpu  # noqa: E402
+
 # sm_89 (L4, L40S) shares sm_86's table: same 99 KB shared-memory opt-in, same mma.sync code.
 ARCHS = ("sm_90", "sm_80", "sm_86")
 HEAD_DIMS = (64, 128)
@@ -69,8 +71,6 @@ def _kernel_src_hash() -> str:
 def worker(arch: str, head_dim: int, variant: str, fwd: tuple, bwd: tuple) -> dict:
     """Compile one candidate in this process; returns {kernel: report}."""
     import importlib
-
-    from t5x_like.aot import gpu
 
     fa = importlib.import_module("t5x_like.kernels.flash_attention")
     # This process only: make the table answer the candidate's blocks for this arch.
@@ -114,12 +114,6 @@ def run_candidate(cache_dir: str, arch: str, head_dim: int, variant: str, fwd: t
     return res
 
 
-def _clean(k: dict, smem_limit: int) -> bool:
-    return (bool(k) and k.get("spill_store_bytes", 1) == 0 and k.get("spill_load_bytes", 1) == 0
-            and k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0) <= smem_limit
-            and k.get("cp_async", 0) + k.get("tma", 0) > 0)
-
-
 def pick(results: list[dict], kernel: str, smem_limit: int) -> dict:
     """Apply RULE to one (arch, head_dim) and kernel group; returns the pick and its stats."""
     by_cand: dict[tuple, list[dict]] = {}
@@ -129,7 +123,7 @@ def pick(results: list[dict], kernel: str, smem_limit: int) -> dict:
     for cand, rs in by_cand.items():
         ks = [r.get("kernels", {}).get(name, {}) for r in rs for name in KERNELS[kernel]]
         ok = all(r["ok"] for r in rs) and len(rs) == len(VARIANTS)
-        clean = ok and all(_clean(k, smem_limit) for k in ks)
+        clean = ok and not any(gpu.kernel_problems(k, smem_limit) for k in ks)
         fits = ok and all(k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
                           <= smem_limit for k in ks)
         spill = sum(k.get("spill_store_bytes", 0) + k.get("spill_load_bytes", 0) for k in ks)

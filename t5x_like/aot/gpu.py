@@ -236,6 +236,23 @@ def occupancy(target: GpuTarget, registers: int, threads: int, smem: int) -> dic
             "smem_fits": smem + 0 <= target.smem_per_block_optin}
 
 
+def kernel_problems(kernel: dict[str, Any], smem_limit: int) -> list[str]:
+    """Why one kernel's report (`kernel_report`'s entry) is not fit to ship: no ptxas report,
+    register spills, shared memory over `smem_limit` bytes, or no cp.async/TMA loads (its k loop
+    is not software-pipelined). Empty when it passes: the rule of the CI check and the tuner."""
+    if "registers" not in kernel:
+        return ["no ptxas report"]
+    out = []
+    if kernel.get("spill_store_bytes", 0) + kernel.get("spill_load_bytes", 0):
+        out.append(f"spills {kernel['spill_store_bytes']}/{kernel['spill_load_bytes']} B")
+    smem = kernel.get("dyn_smem_bytes", 0) + kernel.get("static_smem_bytes", 0)
+    if smem > smem_limit:
+        out.append(f"shared memory {smem} > {smem_limit} B")
+    if kernel.get("cp_async", 0) + kernel.get("tma", 0) == 0:
+        out.append("no cp.async/TMA (k loop not pipelined)")
+    return out
+
+
 def _kernel_ptx(dump_dir: str) -> dict[str, str]:
     """{kernel entry name: PTX text} over the dump's .ptx files."""
     out = {}

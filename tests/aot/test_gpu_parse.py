@@ -77,6 +77,16 @@ def test_occupancy_limits() -> None:
     assert not gpu.occupancy(gpu.gpu_target("a10"), 64, 128, 110_000)["smem_fits"]
 
 
+def test_kernel_problems_is_the_ship_rule() -> None:
+    ok = {"registers": 128, "spill_store_bytes": 0, "spill_load_bytes": 0,
+          "dyn_smem_bytes": 40_000, "static_smem_bytes": 0, "cp_async": 4, "tma": 0}
+    assert gpu.kernel_problems(ok, 99 * 1024) == []
+    assert gpu.kernel_problems({}, 99 * 1024) == ["no ptxas report"]
+    bad = {**ok, "spill_store_bytes": 8, "spill_load_bytes": 4, "cp_async": 0}
+    assert gpu.kernel_problems(bad, 32_000) == [
+        "spills 8/4 B", "shared memory 40000 > 32000 B", "no cp.async/TMA (k loop not pipelined)"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("jax_plugins") is not None,
                     reason="CUDA plugin installed here: the missing-compiler error cannot occur")
 def test_missing_compiler_names_the_install_command() -> None:
