@@ -51,7 +51,7 @@ from t5x_like.convert import param_tree as pt
 from t5x_like.convert.interop import ConversionError
 from t5x_like.models.config import TransformerConfig
 from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR, find_state_dir
-from t5x_like.train.cli import REPO_ROOT
+from t5x_like.train.cli import REPO_ROOT, quiet_gin_search
 
 #: The SentencePiece model an HF T5 checkpoint ships; `--to ours` copies it beside the params.
 HF_SENTENCEPIECE = "spiece.model"
@@ -98,7 +98,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> dict[str, Any]:
     """Parses gin files/bindings; returns the `TransformerConfig` fields they bind."""
     gin.clear_config()
     gin.add_config_file_search_path(REPO_ROOT)  # for `include 'gin/...'` from any directory
-    gin.parse_config_files_and_bindings(list(files), list(bindings), skip_unknown=True)
+    with quiet_gin_search():
+        gin.parse_config_files_and_bindings(list(files), list(bindings), skip_unknown=True)
     bound = {}
     for field in dataclasses.fields(TransformerConfig):
         try:

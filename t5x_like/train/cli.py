@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import inspect
+import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import gin
 
@@ -72,6 +74,20 @@ def register_configurables() -> None:
     import t5x_like.train.trainer  # noqa: F401
 
 
+@contextlib.contextmanager
+def quiet_gin_search() -> Iterator[None]:
+    """Drops gin's "Path not found" ERROR lines: logged for every search-path prefix its package
+    reader tries before one resolves an `include` (noise; a file found nowhere still fails)."""
+    def keep(record: logging.LogRecord) -> bool:
+        return record.msg != "Path not found: %s"
+
+    logging.getLogger().addFilter(keep)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(keep)
+
+
 def parse_gin(files: Sequence[str], bindings: Sequence[str],
               search_paths: Sequence[str] = ()) -> None:
     """Parse gin files + bindings; any problem raises ConfigError naming the binding."""
@@ -89,7 +105,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
             f = found[0]
         resolved.append(f)
     try:
-        gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
+        with quiet_gin_search():
+            gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError, ImportError, OSError) as err:
         unquoted = _unquoted_string(str(err), bindings)
         if unquoted:

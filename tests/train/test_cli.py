@@ -126,6 +126,20 @@ def test_commands_work_outside_the_repository(tmp_path) -> None:
     assert "--gin_file" in done.stdout
 
 
+def test_includes_resolve_from_any_directory_without_error_lines(tmp_path, monkeypatch,
+                                                                  caplog) -> None:
+    """quickstart.gin includes gin/runs/pretrain.gin and gin/models/tiny.gin: from another
+    directory gin resolves them through the repo root, without its "Path not found" ERRORs for
+    the prefixes it tried first; an include found nowhere is still an error naming it."""
+    monkeypatch.chdir(tmp_path)
+    cli.parse_gin([str(REPO / "gin" / "runs" / "quickstart.gin")], [])
+    assert gin.query_parameter("TransformerConfig.num_encoder_layers") == 2  # from tiny.gin
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    (tmp_path / "bad.gin").write_text("include 'gin/models/no_such_model.gin'\n")
+    with pytest.raises(cli.ConfigError, match="no_such_model.gin"):
+        cli.parse_gin([str(tmp_path / "bad.gin")], [])
+
+
 @pytest.mark.parametrize(
     ("bindings", "expected"),
     [
