@@ -86,6 +86,21 @@ def restore(cells: Sequence[Cell], archive: str, sweep_dir: str) -> int:
     return restored
 
 
+def code_version() -> str | None:
+    """The commit of the t5x_like checkout running this (`+dirty` when tracked files differ
+    from it), or None outside a git checkout. A sweep's cells may run over days and checkouts
+    (`--archive`), so each cell records the code it finished on and the report names them."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head, dirty = (subprocess.run(["git", "-C", root, *argv], capture_output=True, text=True,
+                                      check=True, timeout=60).stdout.strip()
+                       for argv in (["rev-parse", "--short=12", "HEAD"],
+                                    ["status", "--porcelain", "--untracked-files=no"]))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def binding_flags(bindings: Sequence[str]) -> list[str]:
     """Gin bindings -> `--gin_bindings=...` flags (exact text, macros and all)."""
     return [f"--gin_bindings={b}" for b in bindings]
@@ -242,7 +257,7 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
     batch = measured.pop("batch_size")
     results = {
         "cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
-        "scale": spec["scale"]["name"], "task": spec["task"],
+        "scale": spec["scale"]["name"], "task": spec["task"], "code": code_version(),
         "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
         **measured,
         "pretrain": {**pretrain, "batch_size": batch,

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -18,7 +19,7 @@ def _spec():
                      base=(), metric="suite_average", bookkeeping={})
 
 
-def _fake_sweep(sweep_dir, scores, seeds=1):
+def _fake_sweep(sweep_dir, scores, seeds=1, code=None):
     """One cell per (row, seed) with results.json + a metrics.jsonl loss curve."""
     cells = []
     for row, score in zip(ROWS, scores, strict=True):
@@ -36,7 +37,8 @@ def _fake_sweep(sweep_dir, scores, seeds=1):
             runner.write_json(os.path.join(path, runner.RESULTS), {
                 "suite_average": score + seed, "tasks": {"downstream_spam": score},
                 "pretrain": {"final_loss": 3.0 + seed}, "parameters": 1000,
-                "flops_per_sequence": 2.5e6, "seconds": {"total": 60.0}})
+                "flops_per_sequence": 2.5e6, "seconds": {"total": 60.0},
+                **({"code": code(row, seed)} if code else {})})
             cells.append(cell)
     return cells
 
@@ -90,6 +92,17 @@ def test_missing_cells_are_dashes(tmp_path):
     table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
     assert table["rows"][0]["ours_mean"] is None and table["kendall_rows"] == 2
     assert "| Prefix LM | — |" in report.table_markdown("table3", table)
+
+
+def test_the_report_names_the_code_each_cell_finished_on(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2,
+                        code=lambda row, seed: None if seed else f"abc{len(row) % 2}")
+    data = report.build([_spec()], cells, str(tmp_path), "micro")
+    assert data["code_versions"] == {"abc0": 1, "abc1": 2, "unrecorded": 3}
+    line = "Code (t5x_like commit: cells): abc0: 1, abc1: 2, unrecorded: 3."
+    assert line in report.markdown(data)
+    version = runner.code_version()  # this checkout's
+    assert version is None or re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", version), version
 
 
 def test_paper_data_is_sane():
