@@ -87,6 +87,11 @@ def test_sweep_end_to_end_and_a_rerun_from_its_archive_skips_finished_cells(swep
     assert {p.name for p in (archive / cells[0]).iterdir()} == {"cell.json", "results.json",
                                                                 "pretrain", "eval"}
     assert not list(archive.glob("*/pretrain/checkpoints"))  # records only
+    kept = (archive / cells[0] / runner.PREDICTIONS / "downstream_spam.jsonl").read_text()
+    full = (sweep_dir / "cells" / cells[0] / runner.PREDICTIONS / "downstream_spam.jsonl")
+    assert [json.loads(x) for x in kept.splitlines()] == [
+        {k: v for k, v in json.loads(x).items() if k != "inputs"}
+        for x in full.read_text().splitlines()]  # the test examples' text is not kept
     # A fresh checkout's sweep restores the archived cells: nothing runs, the report is the same.
     fresh = sweep_dir.parent / "fresh"
     log = _sweep(fresh, swept[0], ",".join(ROWS), seeds=2, archive=archive.parent)
