@@ -131,6 +131,32 @@ def bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(bucket), jnp.max(bucket)
 
 
+def tile_bucket_bounds(
+    cfg: FlashConfig, q0: jax.Array, k0: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """(lo, hi) enclosing the bucket ids of tile [q0, q0 + block_q) x [k0, k0 + block_k), from
+    its two corner offsets in scalar arithmetic (no reduction over the tile).
+
+    The tile holds offsets r = k - q in [rmin, rmax]. A bucket is monotone in |r| on each side of
+    r = 0 (bidirectional: r <= 0 gives the lower half, r > 0 the upper half; causal: one side),
+    so the extremes sit at the corners, or at r = 0 (bucket 0) when the tile spans the diagonal;
+    there the range may include a few absent buckets, whose sums are zero.
+    """
+    rmin = k0 - q0 - (cfg.block_q - 1)
+    rmax = k0 + (cfg.block_k - 1) - q0
+    half = cfg.num_buckets // 2 if cfg.rel_bidirectional else cfg.num_buckets
+    # The one-sided bucket (keys at or before the query). The bidirectional bucket is this with
+    # half the buckets for r <= 0, and half + this(-r) for r > 0; written that way because
+    # Pallas-Triton mis-lowers the bidirectional offset on scalars (an i1 + i32 add).
+    before = lambda r: relative_position_bucket(
+        r, bidirectional=False, num_buckets=half, max_distance=cfg.rel_max_distance)
+    if not cfg.rel_bidirectional:
+        return before(rmax), before(rmin)
+    lo = jnp.where(rmin > 0, half + before(-rmin), before(rmax))
+    hi = jnp.where(rmax > 0, half + before(-rmax), before(rmin))
+    return lo, hi
+
+
 def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> jax.Array:
     """Bias [bq, bk] = table_row[bucket], as a select per bucket present (no in-kernel gather)."""
     lo, hi = bucket_range(bucket)

@@ -139,22 +139,24 @@ def _rel_tile(cfg: FlashConfig, r: dict, q0, k0, band: str) -> jax.Array:
     return r[band][:, pl.ds(start, cfg.block_k)]
 
 
-def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Array:
-    """Table-gradient contribution [num_buckets_pad] of a tile: sum of dS [bq, bk] per bucket.
+def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array, q0, k0) -> jax.Array:
+    """Table-gradient contribution [bq, num_buckets_pad] of a tile: per query row, the sum of
+    dS [bq, bk] over the keys in each bucket (rows are summed once, after the k loop).
 
-    A statically unrolled loop over the buckets, each reduction behind a `cond` on "bucket
-    present in this tile", so the k loop stays Triton's innermost loop (pipelined) while tiles far
-    from the diagonal (one bucket) still pay one reduction. Deterministic: no atomics.
+    A statically unrolled loop over the buckets, each behind a `cond` on "bucket within the
+    tile's bounds" (`tile_bucket_bounds`: scalar math on the tile's corners), so the k loop stays
+    Triton's innermost loop (pipelined) and tiles farther than `max_distance` from the diagonal
+    (one bucket) pay one masked row sum. Row sums stay within a warp: no reduction across warps,
+    and no barrier, inside the loop. Deterministic: no atomics.
     """
-    lo = jnp.min(jnp.min(bucket, axis=1), axis=0)
-    hi = jnp.max(jnp.max(bucket, axis=1), axis=0)
-    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)
-    acc = jnp.zeros((cfg.num_buckets_pad,), jnp.float32)
+    lo, hi = fc.tile_bucket_bounds(cfg, q0, k0)
+    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)[None, :]
+    acc = jnp.zeros((cfg.block_q, cfg.num_buckets_pad), jnp.float32)
     for n in range(cfg.num_buckets):
 
         def add(a, n=n):
-            total = jnp.sum(jnp.sum(jnp.where(bucket == n, ds, 0.0), axis=1), axis=0)
-            return a + jnp.where(ids == n, total, 0.0)
+            rows = jnp.sum(jnp.where(bucket == n, ds, 0.0), axis=1)
+            return a + jnp.where(ids == n, rows[:, None], 0.0)
 
         acc = jax.lax.cond(jnp.logical_and(lo <= n, n <= hi), add, lambda a: a, acc)
     return acc
@@ -364,19 +366,19 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         ds = p * (dot(do, v, tb=True) - delta[:, None])
         dq = dq + dot(ds.astype(k.dtype), k)
         if cfg.has_rel:
-            dtab = dtab + _rel_grad_tile(cfg, bucket, ds)
+            dtab = dtab + _rel_grad_tile(cfg, bucket, ds, q0, k0)
         if cfg.has_bias:
             r["dbias"][:, ks] = ds
         return dq, dtab
 
     init = (
         jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32),
-        jnp.zeros((cfg.num_buckets_pad,), jnp.float32),
+        jnp.zeros((cfg.block_q, cfg.num_buckets_pad), jnp.float32),
     )
     dq, dtab = jax.lax.fori_loop(lo, hi, body, init)
     r["dq"][...] = (dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq).astype(r["dq"].dtype)
     if cfg.has_rel:
-        r["dtab"][...] = dtab
+        r["dtab"][...] = jnp.sum(dtab, axis=0)
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
