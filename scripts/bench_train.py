@@ -1,19 +1,24 @@
 """Benchmark the full train step (forward + backward + Adafactor update) against PyTorch.
 
 Each measurement runs in a fresh process: ours (the trainer's jitted step, packed random
-batches) and, on CPU, the same model in Hugging Face transformers + PyTorch (fp32, Adafactor,
-identical shapes). A round runs every model on both sides, alternating which side goes first,
-plus a large fp32 matmul in JAX and in PyTorch (the machine's measured matmul peak). The report
-gives per model the median step time of each side, the per-round ratio (PyTorch step / ours:
-above 1 means we are faster) as median [min-max], and our model FLOP/s against that peak.
-`--profile` adds where our step's time goes (XLA:CPU thunks from a `jax.profiler` trace,
-grouped by forward / backward / optimizer and by kind). Writes benchmarks/train.{md,json}.
+batches) and the same model in Hugging Face transformers + PyTorch (Adafactor, identical shapes;
+fp32 on CPU, bf16 autocast on a GPU). A round runs every model on both sides, rotating which side
+goes first, plus a large matmul in JAX (and PyTorch on CPU): the machine's measured matmul peak,
+fp32 2048^3 on CPU, bf16 8192^3 on an accelerator. On an accelerator our side runs once per
+`--attention` implementation (default xla, cudnn, pallas), activations in bf16, and later rounds
+load our steps from a JAX compilation cache. The report gives per model (and attention) the
+median step time of each side, the per-round ratio (PyTorch step / ours: above 1 means we are
+faster) as median [min-max], our model FLOP/s against that peak, and MFU where the device's
+peak is known. `--profile` adds where our step's time goes (XLA:CPU thunks from a
+`jax.profiler` trace, grouped by forward / backward / optimizer and by kind). Writes
+benchmarks/train.{md,json} (`--out_dir` elsewhere).
 
     python scripts/bench_train.py [--rounds 5] [--steps 5] [--models t5_1_1_small,tiny]
-        [--profile] [--no_torch] [--note "..."] [--render]
+        [--attention xla,cudnn,pallas] [--profile] [--no_torch] [--note "..."] [--render]
 
 Models: `t5_1_1_small` (512/114, batch 2 on CPU), `tiny` (gin/models/tiny.gin at the tiny sweep
-scale: BERT-style 64/64, batch 32), and ours only: `t5_1_1_base`, `decoder_only_small`.
+scale: BERT-style 64/64, batch 32), `t5_1_1_base` (512/114, batch 2 on CPU), and ours only:
+`decoder_only_small`. On an accelerator the batch is 32 per device.
 """
 
 from __future__ import annotations
@@ -43,14 +48,15 @@ MODELS: dict[str, dict[str, Any]] = {
     "tiny": {"gin": "tiny", "lengths": {"inputs": 64, "targets": 64}, "cpu_batch": 32,
              "torch": True},
     "t5_1_1_base": {"gin": "t5_1_1_base", "lengths": {"inputs": 512, "targets": 114},
-                    "cpu_batch": 2, "torch": False},
+                    "cpu_batch": 2, "torch": True},
     "decoder_only_small": {"gin": "decoder_only_small", "lengths": {"targets": 626},
                            "cpu_batch": 2, "torch": False},
 }
 
 
-def model_config(name: str, dtype: str) -> Any:
-    """The TransformerConfig of gin/models/<gin>.gin (dropout off, activations in ``dtype``)."""
+def model_config(name: str, dtype: str, attention: str = "xla") -> Any:
+    """The TransformerConfig of gin/models/<gin>.gin (dropout off, activations in ``dtype``,
+    attention through ``attention``: xla, cudnn or pallas)."""
     import gin
 
     from t5x_like.models import TransformerConfig
@@ -60,7 +66,7 @@ def model_config(name: str, dtype: str) -> Any:
     gin.parse_config_file(str(REPO / "gin" / "models" / f"{MODELS[name]['gin']}.gin"))
     cfg = TransformerConfig()
     gin.clear_config()
-    return cfg.replace(dropout_rate=0.0, dtype=dtype)
+    return cfg.replace(dropout_rate=0.0, dtype=dtype, attention_impl=attention)
 
 
 def random_batch(model: Any, seq: dict[str, int], batch: int, rng: Any,
@@ -85,7 +91,7 @@ def random_batch(model: Any, seq: dict[str, int], batch: int, rng: Any,
     return {k: v.astype(np.int32) for k, v in out.items()}
 
 
-def _our_step(name: str, batch: int, dtype: str) -> tuple[Any, ...]:
+def _our_step(name: str, batch: int, dtype: str, attention: str = "xla") -> tuple[Any, ...]:
     """(model, config, jitted train step, initial state), data parallel over the local devices."""
     import jax
 
@@ -95,7 +101,7 @@ def _our_step(name: str, batch: int, dtype: str) -> tuple[Any, ...]:
     from t5x_like.train import train_step as S
     from t5x_like.train.optimizers import create_optimizer
 
-    cfg = model_config(name, dtype)
+    cfg = model_config(name, dtype, attention)
     model = make_model(cfg)
     n_dev = jax.device_count()
     mesh = P.create_mesh((-1, 1, 1))
@@ -108,14 +114,15 @@ def _our_step(name: str, batch: int, dtype: str) -> tuple[Any, ...]:
     return model, cfg, step, state
 
 
-def worker_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]:
+def worker_ours(name: str, batch: int, steps: int, dtype: str,
+                attention: str = "xla") -> dict[str, Any]:
     """Median step time of our jitted train step (data parallel over the local devices)."""
     import jax
     import numpy as np
 
     from t5x_like.train import metrics as M
 
-    model, cfg, step, state = _our_step(name, batch, dtype)
+    model, cfg, step, state = _our_step(name, batch, dtype, attention)
     seq = MODELS[name]["lengths"]
     global_batch = batch * jax.device_count()
     rng = np.random.default_rng(0)
@@ -133,7 +140,8 @@ def worker_ours(name: str, batch: int, steps: int, dtype: str) -> dict[str, Any]
         times.append(time.perf_counter() - t0)
     dt = statistics.median(times)
     flops = model.flops_per_sequence(seq) * global_batch
-    return {"side": "ours", "model": name, "framework": f"t5x_like (jax {jax.__version__})",
+    return {"side": "ours", "model": name, "attention": attention,
+            "framework": f"t5x_like (jax {jax.__version__}, {dtype} activations)",
             "device_kind": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
             "batch": global_batch, "compile_s": compile_s, "step_s": dt, "steps_s": times,
             "flops_per_step": flops, "tokens_per_step": global_batch * sum(seq.values()),
@@ -159,8 +167,12 @@ def torch_t5_config(cfg: Any) -> Any:
         decoder_start_token_id=0, pad_token_id=0)
 
 
-def worker_torch(name: str, batch: int, steps: int) -> dict[str, Any]:
-    """The same step in transformers + PyTorch (CPU, fp32, T5's Adafactor settings)."""
+def worker_torch(name: str, batch: int, steps: int, device: str = "cpu") -> dict[str, Any]:
+    """The same step in transformers + PyTorch with T5's Adafactor settings: fp32 on CPU; on a
+    GPU fp32 weights with bf16 autocast (PyTorch's mixed precision, as ours: fp32 parameters,
+    bf16 activations)."""
+    import contextlib
+
     import numpy as np
     import torch
     import transformers
@@ -170,34 +182,46 @@ def worker_torch(name: str, batch: int, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = model_config(name, "float32")
-    model = T5ForConditionalGeneration(torch_t5_config(cfg)).train()
+    model = T5ForConditionalGeneration(torch_t5_config(cfg)).train().to(device)
     opt = Adafactor(model.parameters(), lr=1e-2, scale_parameter=True, relative_step=False,
                     warmup_init=False, decay_rate=-0.8, clip_threshold=1.0)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda"
+                else contextlib.nullcontext())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     seq = MODELS[name]["lengths"]
     rng = np.random.default_rng(0)
     times = []
     for i in range(steps + 1):
         inputs = torch.from_numpy(rng.integers(3, cfg.vocab_size - 100, (batch, seq["inputs"])))
         labels = torch.from_numpy(rng.integers(3, cfg.vocab_size - 100, (batch, seq["targets"])))
+        inputs, labels = inputs.to(device), labels.to(device)
+        sync()
         t0 = time.perf_counter()
-        out = model(input_ids=inputs, labels=labels)
+        with autocast:
+            out = model(input_ids=inputs, labels=labels)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         if i:
             times.append(time.perf_counter() - t0)
+    mixed = ", bf16 autocast" if device == "cuda" else ""
     return {"side": "torch", "model": name,
-            "framework": f"transformers {transformers.__version__} + torch {torch.__version__}",
+            "framework": f"transformers {transformers.__version__} + torch {torch.__version__} "
+                         f"({device}{mixed})",
             "batch": batch, "step_s": statistics.median(times), "steps_s": times,
             "tokens_per_step": batch * sum(seq.values()), "loss": float(out.loss.detach())}
 
 
-def worker_peak(n: int = 2048, reps: int = 10) -> dict[str, Any]:
-    """fp32 GFLOP/s of an n x n x n matmul in JAX (XLA:CPU) and PyTorch, median of reps."""
+def worker_peak(reps: int = 10) -> dict[str, Any]:
+    """GFLOP/s of an n x n x n matmul, median of reps: fp32 2048^3 in JAX (XLA:CPU) and PyTorch
+    on CPU; bf16 8192^3 on random data in JAX on an accelerator."""
     import jax
     import jax.numpy as jnp
 
-    a = jnp.ones((n, n), jnp.float32)
+    on_cpu = jax.devices()[0].platform == "cpu"
+    n, dtype = (2048, jnp.float32) if on_cpu else (8192, jnp.bfloat16)
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     f = jax.jit(lambda x, y: x @ y)
     f(a, a).block_until_ready()
     times = []
@@ -205,8 +229,9 @@ def worker_peak(n: int = 2048, reps: int = 10) -> dict[str, Any]:
         t0 = time.perf_counter()
         f(a, a).block_until_ready()
         times.append(time.perf_counter() - t0)
-    out = {"side": "peak", "jax_gflops": 2 * n**3 / statistics.median(times) / 1e9}
-    if jax.devices()[0].platform == "cpu":
+    out = {"side": "peak", "jax_gflops": 2 * n**3 / statistics.median(times) / 1e9,
+           "matmul": f"{jnp.dtype(dtype).name} {n}^3"}
+    if on_cpu:
         try:
             import torch
         except ImportError:
@@ -307,13 +332,14 @@ def host_name() -> str:
     return f"{name}, {os.cpu_count()} CPUs" + (f", {isa}" if isa else "")
 
 
-def run_worker(args: list[str]) -> dict[str, Any]:
+def run_worker(args: list[str], cache_dir: str | None = None) -> dict[str, Any]:
     """Run this script as a worker in a fresh process; its last stdout line is JSON. Our side
-    runs as the trainer does, with huge pages for XLA:CPU's buffers (`t5x_like.hugepages`);
-    PyTorch as its users run it (the setting makes no difference to its step)."""
+    runs as the trainer does, with huge pages for XLA:CPU's buffers (`t5x_like.hugepages`) and
+    JAX's compilation cache in `cache_dir` if given; PyTorch as its users run it (the setting
+    makes no difference to its step)."""
     from t5x_like.sweep.runner import child_env  # the real CPU (no fake devices), huge pages
 
-    env = dict(os.environ) if "torch" in args else child_env()
+    env = dict(os.environ) if "torch" in args else child_env(cache_dir)
     proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
                           check=False, env=env)
     if proc.returncode != 0:
@@ -326,15 +352,19 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def summarize(rounds: list[list[dict]], models: list[str]) -> dict[str, Any]:
-    """Per model: both sides' step times and the per-round ratio torch / ours."""
+def summarize(rounds: list[list[dict]], models: list[str],
+              attentions: tuple[str, ...] = ("xla",)) -> dict[str, Any]:
+    """Per model (and attention implementation, when several are timed): both sides' step
+    times and the per-round ratio torch / ours. Keys: the model's name, or `name · impl`."""
     peaks = [max(r["jax_gflops"], r.get("torch_gflops", 0.0))
              for rnd in rounds for r in rnd if r["side"] == "peak"]
     out: dict[str, Any] = {"peak_gflops": spread(peaks), "models": {}}
-    for name in models:
-        ours = [r for rnd in rounds for r in rnd if r["side"] == "ours" and r["model"] == name]
+    for name, attention in ((n, a) for n in models for a in attentions):
+        ours = [r for rnd in rounds for r in rnd if r["side"] == "ours" and r["model"] == name
+                and r.get("attention", "xla") == attention]
         theirs = [r for rnd in rounds for r in rnd if r["side"] == "torch" and r["model"] == name]
         row: dict[str, Any] = {
+            "model": name, "attention": attention,
             "framework": ours[0]["framework"], "batch": ours[0]["batch"],
             "lengths": MODELS[name]["lengths"],
             "step_s": spread([r["step_s"] for r in ours]),
@@ -350,7 +380,7 @@ def summarize(rounds: list[list[dict]], models: list[str]) -> dict[str, Any]:
                             "step_s": spread([r["step_s"] for r in theirs])}
             row["ratio_torch_over_ours"] = spread(
                 [t["step_s"] / o["step_s"] for o, t in zip(ours, theirs, strict=True)])
-        out["models"][name] = row
+        out["models"][name if len(attentions) == 1 else f"{name} · {attention}"] = row
     return out
 
 
@@ -361,7 +391,8 @@ def write_report(summary: dict, profiles: list[dict], header: dict, out_dir: Pat
         json.dumps({**header, **summary, "profiles": profiles}, indent=2) + "\n")
 
     def ms(s: dict) -> str:
-        return f"{1e3 * s['median']:.0f} [{1e3 * s['min']:.0f}-{1e3 * s['max']:.0f}]"
+        f = lambda x: f"{1e3 * x:.0f}" if x >= 0.1 else f"{1e3 * x:.3g}"
+        return f"{f(s['median'])} [{f(s['min'])}-{f(s['max'])}]"
 
     peak = summary["peak_gflops"]
     lines = [
@@ -369,25 +400,29 @@ def write_report(summary: dict, profiles: list[dict], header: dict, out_dir: Pat
         f"Device: **{header['device']}**; host {header['host']}; {header['versions']}; "
         f"{header['date_utc']} UTC. {header['rounds']} interleaved rounds, each model's side in "
         f"a fresh process timing {header['steps']} steps after a compile/warm-up step; values "
-        "are median [min-max] over rounds. Full step = forward + backward + Adafactor, fp32 on "
-        "CPU, packed random batches (ours) / the same shapes unpacked (PyTorch).", "",
+        "are median [min-max] over rounds. Full step = forward + backward + Adafactor, "
+        f"{header.get('precision', 'fp32 on CPU')}, packed random batches (ours) / the same "
+        "shapes unpacked (PyTorch).", "",
         "| model | batch | lengths | ours step (ms) | PyTorch step (ms) | PyTorch / ours | "
-        "ours tokens/s | ours GFLOP/s | of matmul peak |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "ours tokens/s | ours GFLOP/s | of matmul peak | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in summary["models"].items():
         ratio = r.get("ratio_torch_over_ours")
         rat = (f"**{ratio['median']:.2f}** [{ratio['min']:.2f}-{ratio['max']:.2f}]"
                if ratio else "-")
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.0f}%"
         lines.append(
             f"| {name} | {r['batch']} | {'/'.join(map(str, r['lengths'].values()))} | "
             f"{ms(r['step_s'])} | {ms(r['torch']['step_s']) if 'torch' in r else '-'} | {rat} "
             f"| {r['tokens_per_s']:.0f} | {r['model_gflops']['median']:.1f} | "
-            f"{100 * r['fraction_of_peak']:.0f}% |")
+            f"{100 * r['fraction_of_peak']:.0f}% | "
+            f"{mfu} |")
     some = next(iter(summary["models"].values()))
     lines += [
         "",
-        f"Matmul peak (fp32 2048^3, best of JAX and PyTorch, per round): {peak['median']:.0f} "
+        f"Matmul peak ({header.get('matmul', 'float32 2048^3')}, best of JAX and PyTorch, per "
+        f"round): {peak['median']:.0f} "
         f"[{peak['min']:.0f}-{peak['max']:.0f}] GFLOP/s. GFLOP/s are the analytic "
         "`model.flops_per_sequence` per step time (checked against XLA's cost analysis in "
         "tests/train/test_metrics.py)." + (f" MFU (bf16 peak): {100 * some['mfu']:.1f}%."
@@ -421,6 +456,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=None,
                    help="per-device batch (default: each model's CPU batch; 32 on accelerators)")
     p.add_argument("--dtype", default=None, help="activations (CPU float32, else bfloat16)")
+    p.add_argument("--attention", default=None,
+                   help="comma list of our attention impls, each timed (CPU: xla; accelerators: "
+                        "xla,cudnn,pallas)")
     p.add_argument("--no_torch", action="store_true", help="skip the PyTorch side")
     p.add_argument("--profile", action="store_true", help="add a traced profile of each model")
     p.add_argument("--out_dir", default=str(REPO / "benchmarks"))
@@ -429,10 +467,13 @@ def main() -> None:
                    help="rewrite train.md from --out_dir's train.json, measuring nothing")
     p.add_argument("--worker", choices=("ours", "torch", "peak", "profile"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--torch_device", default="cpu", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        fn = {"ours": lambda: worker_ours(args.model, args.batch, args.steps, args.dtype),
-              "torch": lambda: worker_torch(args.model, args.batch, args.steps),
+        fn = {"ours": lambda: worker_ours(args.model, args.batch, args.steps, args.dtype,
+                                          args.attention or "xla"),
+              "torch": lambda: worker_torch(args.model, args.batch, args.steps,
+                                            args.torch_device),
               "peak": worker_peak,
               "profile": lambda: worker_profile(args.model, args.batch, args.dtype)}
         print(json.dumps(fn[args.worker]()), flush=True)
@@ -453,18 +494,24 @@ def main() -> None:
     dev = jax.devices()[0]
     on_cpu = dev.platform == "cpu"
     dtype = args.dtype or ("float32" if on_cpu else "bfloat16")
-    with_torch = on_cpu and not args.no_torch
+    attentions = tuple((args.attention or ("xla" if on_cpu else "xla,cudnn,pallas")).split(","))
+    torch_device = "cpu" if on_cpu else "cuda"
+    with_torch = not args.no_torch and (on_cpu or dev.platform == "gpu")
+    # Accelerators: later rounds load our steps from JAX's compilation cache (compile_s is the
+    # first round's; on CPU every round compiles, as the CPU figures have always been taken).
+    cache_dir = None if on_cpu else tempfile.mkdtemp(prefix="bench_train_xla_cache_")
     rounds = []
     for i in range(args.rounds):
         results = [run_worker(["--worker", "peak"])]
         for name in models:
             batch = args.batch or (MODELS[name]["cpu_batch"] if on_cpu else 32)
             common = ["--model", name, "--batch", str(batch), "--steps", str(args.steps)]
-            sides = [["--worker", "ours", "--dtype", dtype]]
+            sides = [["--worker", "ours", "--dtype", dtype, "--attention", a] for a in attentions]
             if with_torch and MODELS[name]["torch"]:
-                sides.append(["--worker", "torch"])
-            for side in sides if i % 2 == 0 else sides[::-1]:
-                results.append(run_worker([*side, *common]))
+                sides.append(["--worker", "torch", "--torch_device", torch_device])
+            shift = i % len(sides)  # rotate who goes first, round by round
+            for side in sides[shift:] + sides[:shift]:
+                results.append(run_worker([*side, *common], cache_dir))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "steps_s"}),
                       flush=True)
         rounds.append(results)
@@ -481,9 +528,12 @@ def main() -> None:
         "versions": f"jax {jax.__version__}, python {platform.python_version()}",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "rounds": args.rounds, "steps": args.steps, "note": args.note,
+        "precision": ("fp32 on CPU" if on_cpu else
+                      f"fp32 parameters with {dtype} activations (PyTorch: bf16 autocast)"),
+        "matmul": next(r for r in rounds[0] if r["side"] == "peak").get("matmul"),
         "rounds_raw": rounds,
     }
-    summary = summarize(rounds, models)
+    summary = summarize(rounds, models, attentions)
     write_report(summary, profiles, header, Path(args.out_dir))
     print(json.dumps({n: r.get("ratio_torch_over_ours") for n, r in summary["models"].items()}))
 

@@ -1,0 +1,45 @@
+"""scripts/bench_attention.py in its CPU smoke mode: every implementation is checked against the
+float32 reference, timed in interleaved rounds with a per-round ratio to ours, and --resume
+skips the shapes already in attention.jsonl. Times nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_attention",
+                                                  REPO / "scripts" / "bench_attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_rows_errors_ratios_and_resume(tmp_path) -> None:
+    bench = _bench()
+    argv = ["--smoke", "--lengths", "48", "--t5", "yes", "--rounds", "2", "--out-dir",
+            str(tmp_path), "--label", "smoke"]
+    rows = bench.main(argv)
+    assert [(r["impl"], r["causal"]) for r in rows] == [
+        ("pallas", False), ("xla", False), ("pallas", True), ("xla", True)]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["label"] == "smoke" and row["t5_bias"]
+        # bf16 inputs: both implementations land within bf16 rounding of the fp32 reference
+        assert all(0 < row[f"err_{g}"] < 2e-2 for g in ("o", "dq", "dk", "dv")), row
+        assert len(row["fwd_bwd_ms_rounds"]) == 2 and row["fwd_bwd_ms"] > 0
+    xla = rows[1]
+    ratios = [a / b for a, b in zip(xla["fwd_bwd_ms_rounds"], rows[0]["fwd_bwd_ms_rounds"],
+                                    strict=True)]
+    assert abs(xla["speedup_fwd_bwd"] - sorted(ratios)[0] / 2 - sorted(ratios)[1] / 2) < 1e-9
+    md = (tmp_path / "attention.md").read_text()
+    assert "| xla | 48 | 2 | 2 | 32 | True | True |" in md and "NOT a benchmark" in md
+    # A resumed run measures nothing new and reports the same rows.
+    log = (tmp_path / "attention.jsonl").read_text()
+    again = bench.main([*argv, "--resume"])
+    assert (tmp_path / "attention.jsonl").read_text() == log
+    assert json.dumps(again, sort_keys=True) == json.dumps(rows, sort_keys=True)
