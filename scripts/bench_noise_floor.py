@@ -25,7 +25,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,22 +35,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from t5x_like import host  # noqa: E402
 from t5x_like.sweep import grid, report, runner, stats  # noqa: E402
 
 SWEEPS = {"table2": "gin/sweeps/t5_table2_architectures.gin",
           "table3": "gin/sweeps/t5_table3_objectives.gin"}
-
-
-def host_name() -> str:
-    """The CPU model and core count (from /proc/cpuinfo where there is one)."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        model = names[0] if names else model
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs"
 
 
 def _std(values: list[float]) -> float | None:
@@ -278,7 +266,7 @@ def main(argv: list[str]) -> int:
                                   rows=[row])
     run_all(cells, scale, sweep_dir, args.parallel, finetune_seeds)
     rows = {name: measure_row(name, cs, sweep_dir, finetune_seeds) for name, cs in cells.items()}
-    data = {"machine": host_name(), "scale": scale.name, "seeds": args.seeds,
+    data = {"machine": host.describe(), "scale": scale.name, "seeds": args.seeds,
             "finetune_seeds": finetune_seeds, "parallel": args.parallel,
             "date": time.strftime("%Y-%m-%d"), "argv": argv, "note": args.note, "rows": rows,
             "difference": difference(rows, sweep_dir) if len(rows) >= 2 else None}

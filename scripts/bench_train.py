@@ -41,6 +41,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from t5x_like import host  # noqa: E402
+
 #: name -> gin file, feature lengths, per-device batch on CPU, whether PyTorch has a twin.
 MODELS: dict[str, dict[str, Any]] = {
     "t5_1_1_small": {"gin": "t5_1_1_small", "lengths": {"inputs": 512, "targets": 114},
@@ -317,21 +319,6 @@ def worker_profile(name: str, batch: int, dtype: str, steps: int = 3) -> dict[st
             "thunk_sum_s": sum(busy.values()), "busy_s": union / 1e6 / steps}
 
 
-def host_name() -> str:
-    """The CPU model, core count and widest vector ISA (from /proc/cpuinfo on Linux)."""
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info = dict(line.split(":", 1) for line in f if ":" in line)
-        name = info.get("model name\t", name).strip()
-        flags = info.get("flags\t\t", "")
-    except OSError:
-        pass
-    isa = next((label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2"))
-                if f" {flag} " in f" {flags} "), "")
-    return f"{name}, {os.cpu_count()} CPUs" + (f", {isa}" if isa else "")
-
-
 def run_worker(args: list[str], cache_dir: str | None = None) -> dict[str, Any]:
     """Run this script as a worker in a fresh process; its last stdout line is JSON. Our side
     runs as the trainer does, with huge pages for XLA:CPU's buffers (`t5x_like.hugepages`) and
@@ -524,7 +511,7 @@ def main() -> None:
     ours = next(r for r in rounds[0] if r["side"] == "ours")
     header = {
         "device": f"{ours['num_devices']}x {ours['device_kind']} ({dev.platform})",
-        "host": host_name(),
+        "host": host.describe(),
         "versions": f"jax {jax.__version__}, python {platform.python_version()}",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "rounds": args.rounds, "steps": args.steps, "note": args.note,

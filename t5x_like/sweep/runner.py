@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from t5x_like import hugepages
+from t5x_like import host, hugepages
 from t5x_like.sweep import costs
 from t5x_like.sweep.config import ScaleSpec
 from t5x_like.sweep.grid import Cell
@@ -274,6 +274,7 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
     results = {
         "cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
         "scale": spec["scale"]["name"], "task": spec["task"], "code": code_version(),
+        "host": host.describe(),
         "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
         **measured,
         "pretrain": {**pretrain, "batch_size": batch,

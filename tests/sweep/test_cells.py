@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from t5x_like import host
 from t5x_like.sweep import runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,7 @@ def test_sweep_end_to_end_and_a_rerun_from_its_archive_skips_finished_cells(swep
         assert set(results["tasks"]) == {"downstream_spam"}
         assert 0.0 <= results["suite_average"] <= 100.0 and results["parameters"] > 0
         assert results["code"] == runner.code_version()  # the commit it ran on
+        assert results["host"] == host.describe()  # the machine it ran on
     for name in ("table2.md", "table2.json", "table2.png", "loss_curves.png",
                  "t5_tables_micro_ckpt.md", "t5_tables_micro_ckpt.json"):
         assert (sweep_dir / name).stat().st_size > 0, name

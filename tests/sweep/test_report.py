@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from t5x_like import host
 from t5x_like.sweep import paper, report, runner
 from t5x_like.sweep.config import SweepSpec
 from t5x_like.sweep.grid import Cell
@@ -19,7 +20,7 @@ def _spec():
                      base=(), metric="suite_average", bookkeeping={})
 
 
-def _fake_sweep(sweep_dir, scores, seeds=1, code=None):
+def _fake_sweep(sweep_dir, scores, seeds=1, code=None, host=None):
     """One cell per (row, seed) with results.json + a metrics.jsonl loss curve."""
     cells = []
     for row, score in zip(ROWS, scores, strict=True):
@@ -38,7 +39,8 @@ def _fake_sweep(sweep_dir, scores, seeds=1, code=None):
                 "suite_average": score + seed, "tasks": {"downstream_spam": score},
                 "pretrain": {"final_loss": 3.0 + seed}, "parameters": 1000,
                 "flops_per_sequence": 2.5e6, "seconds": {"total": 60.0},
-                **({"code": code(row, seed)} if code else {})})
+                **({"code": code(row, seed)} if code else {}),
+                **({"host": host(row, seed)} if host else {})})
             cells.append(cell)
     return cells
 
@@ -94,13 +96,17 @@ def test_missing_cells_are_dashes(tmp_path):
     assert "| Prefix LM | — |" in report.table_markdown("table3", table)
 
 
-def test_the_report_names_the_code_each_cell_finished_on(tmp_path):
+def test_the_report_names_the_code_and_host_each_cell_finished_on(tmp_path):
     cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2,
-                        code=lambda row, seed: None if seed else f"abc{len(row) % 2}")
+                        code=lambda row, seed: None if seed else f"abc{len(row) % 2}",
+                        host=lambda row, seed: f"cpu{seed}")
     data = report.build([_spec()], cells, str(tmp_path), "micro")
     assert data["code_versions"] == {"abc0": 1, "abc1": 2, "unrecorded": 3}
-    line = "Code (t5x_like commit: cells): abc0: 1, abc1: 2, unrecorded: 3."
-    assert line in report.markdown(data)
+    assert data["hosts"] == {"cpu0": 3, "cpu1": 3}
+    md = report.markdown(data)
+    assert "Code (t5x_like commit: cells): abc0: 1, abc1: 2, unrecorded: 3." in md
+    assert "Hosts (CPU: cells): cpu0: 3, cpu1: 3." in md
+    assert re.fullmatch(r".+, \d+ CPUs(, AVX(-512|2))?(, flags [0-9a-f]{8})?", host.describe())
     version = runner.code_version()  # this checkout's
     assert version is None or re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", version), version
 
