@@ -11,10 +11,13 @@ median step time of each side, the per-round ratio (PyTorch step / ours: above 1
 faster) as median [min-max], our model FLOP/s against that peak, and MFU where the device's
 peak is known. `--profile` adds where our step's time goes (XLA:CPU thunks from a
 `jax.profiler` trace, grouped by forward / backward / optimizer and by kind). Writes
-benchmarks/train.{md,json} (`--out_dir` elsewhere).
+benchmarks/train.{md,json} (`--out_dir` elsewhere), and each worker's result to
+train_rounds.jsonl as it arrives: `--resume` reruns only the workers missing there (a run cut
+off by a time limit, e.g. on a leased GPU).
 
     python scripts/bench_train.py [--rounds 5] [--steps 5] [--models t5_1_1_small,tiny]
-        [--attention xla,cudnn,pallas] [--profile] [--no_torch] [--note "..."] [--render]
+        [--attention xla,cudnn,pallas] [--profile] [--no_torch] [--note "..."] [--resume]
+        [--render]
 
 Models: `t5_1_1_small` (512/114, batch 2 on CPU), `tiny` (gin/models/tiny.gin at the tiny sweep
 scale: BERT-style 64/64, batch 32), `t5_1_1_base` (512/114, batch 2 on CPU), and ours only:
@@ -334,6 +337,11 @@ def run_worker(args: list[str], cache_dir: str | None = None) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _worker_key(result: dict[str, Any]) -> tuple:
+    """(round, side, model, attention) of a worker's result in train_rounds.jsonl."""
+    return (result["round"], result["side"], result.get("model"), result.get("attention"))
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """Median, min and max of a list of per-round values."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -450,6 +458,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="add a traced profile of each model")
     p.add_argument("--out_dir", default=str(REPO / "benchmarks"))
     p.add_argument("--note", default="", help="a line added to the report (e.g. machine load)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the workers already in <out_dir>/train_rounds.jsonl, run the rest")
     p.add_argument("--render", action="store_true",
                    help="rewrite train.md from --out_dir's train.json, measuring nothing")
     p.add_argument("--worker", choices=("ours", "torch", "peak", "profile"), help=argparse.SUPPRESS)
@@ -487,9 +497,28 @@ def main() -> None:
     # Accelerators: later rounds load our steps from JAX's compilation cache (compile_s is the
     # first round's; on CPU every round compiles, as the CPU figures have always been taken).
     cache_dir = None if on_cpu else tempfile.mkdtemp(prefix="bench_train_xla_cache_")
+    # Every worker's result is appended to train_rounds.jsonl as it arrives: a run cut off by a
+    # time limit keeps them, and --resume runs only the workers missing from it.
+    log = Path(args.out_dir) / "train_rounds.jsonl"
+    kept = ([json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            if args.resume and log.exists() else [])
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if not args.resume:
+        log.write_text("")
+    have = {_worker_key(r): r for r in kept}
+
+    def measure(i: int, worker: list[str], key: tuple) -> dict[str, Any]:
+        if key in have:
+            return have[key]
+        result = {**run_worker(worker, cache_dir), "round": i}
+        with log.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k != "steps_s"}), flush=True)
+        return result
+
     rounds = []
     for i in range(args.rounds):
-        results = [run_worker(["--worker", "peak"])]
+        results = [measure(i, ["--worker", "peak"], (i, "peak", None, None))]
         for name in models:
             batch = args.batch or (MODELS[name]["cpu_batch"] if on_cpu else 32)
             common = ["--model", name, "--batch", str(batch), "--steps", str(args.steps)]
@@ -498,9 +527,8 @@ def main() -> None:
                 sides.append(["--worker", "torch", "--torch_device", torch_device])
             shift = i % len(sides)  # rotate who goes first, round by round
             for side in sides[shift:] + sides[:shift]:
-                results.append(run_worker([*side, *common], cache_dir))
-                print(json.dumps({k: v for k, v in results[-1].items() if k != "steps_s"}),
-                      flush=True)
+                attention = side[side.index("--attention") + 1] if "--attention" in side else None
+                results.append(measure(i, [*side, *common], (i, side[1], name, attention)))
         rounds.append(results)
     profiles = []
     if args.profile:

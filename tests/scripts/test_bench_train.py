@@ -1,5 +1,6 @@
 """scripts/bench_train.py end to end on the tiny model: one round of every worker (matmul peak,
-ours, PyTorch), the traced profile, and the report built from them. Times nothing."""
+ours, PyTorch), the traced profile, the report built from them, and a --resume that has nothing
+left to run. Times nothing."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_one_round_on_the_tiny_model_writes_ratio_and_profile(tmp_path) -> None:
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--models", "tiny",
-         "--rounds", "1", "--steps", "1", "--batch", "4", "--profile", "--out_dir",
-         str(tmp_path)], check=True, capture_output=True, text=True, timeout=600)
-    report = json.loads((tmp_path / "train.json").read_text())
+    argv = [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--models", "tiny",
+            "--rounds", "1", "--steps", "1", "--batch", "4", "--out_dir", str(tmp_path)]
+    subprocess.run([*argv, "--profile"], check=True, capture_output=True, text=True,
+                   timeout=600)
+    workers = (tmp_path / "train_rounds.jsonl").read_text().splitlines()
+    assert sorted(json.loads(w)["side"] for w in workers) == ["ours", "peak", "torch"]
+    # --resume with every worker already measured runs none of them and reports the same.
+    first = json.loads((tmp_path / "train.json").read_text())
+    md = (tmp_path / "train.md").read_text()
+    out = subprocess.run([*argv, "--resume"], check=True, capture_output=True, text=True,
+                         timeout=600).stdout
+    assert '"side"' not in out
+    assert (tmp_path / "train_rounds.jsonl").read_text().splitlines() == workers
+    assert json.loads((tmp_path / "train.json").read_text())["models"] == first["models"]
+    report = first
     tiny = report["models"]["tiny"]
     assert tiny["batch"] == 4 and tiny["lengths"] == {"inputs": 64, "targets": 64}
     ours, theirs = tiny["step_s"]["median"], tiny["torch"]["step_s"]["median"]
@@ -28,5 +39,4 @@ def test_one_round_on_the_tiny_model_writes_ratio_and_profile(tmp_path) -> None:
     assert {"forward", "backward", "optimizer"} <= regions
     assert any("matmul" in key for key in profile["thunk_s"])
     assert 0 < profile["busy_s"] <= profile["thunk_sum_s"] + 1e-9
-    md = (tmp_path / "train.md").read_text()
     assert "| tiny | 4 | 64/64 |" in md and "Where the step's time goes: tiny" in md
