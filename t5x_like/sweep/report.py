@@ -44,14 +44,16 @@ def collect(cells: Sequence[Cell], sweep_dir: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def cell_predictions(path: str, tasks: Sequence[str]) -> dict[str, stats.TaskPredictions] | None:
-    """A finished cell's test predictions per task, coded for the bootstrap (None if any task's
-    predictions file is missing, e.g. a cell from before they were kept)."""
+def cell_predictions(path: str, tasks: Sequence[str],
+                     eval_dir: str = "eval") -> dict[str, stats.TaskPredictions] | None:
+    """A finished cell's test predictions per task (from `path/eval_dir`), coded for the
+    bootstrap (None if any task's predictions file is missing, e.g. a cell from before they
+    were kept)."""
     from t5x_like.data import downstream, scoring
 
     out = {}
     for task in tasks:
-        file = os.path.join(path, "eval", "predictions", f"{task}.jsonl")
+        file = os.path.join(path, eval_dir, "predictions", f"{task}.jsonl")
         if not os.path.exists(file):
             return None
         with open(file, encoding="utf-8") as f:
@@ -96,7 +98,11 @@ def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequen
                 float(np.mean(theirs[:len(claim.better)]) - np.mean(theirs[len(claim.better):])))
             claims.append(result)
     return {"row_ci": {r: list(stats.percentile_ci(b)) for r, b in boot.items()},
-            "kendall_tau_ci": tau_ci, "claims": claims, "replicates": replicates}
+            "kendall_tau_ci": tau_ci, "claims": claims, "replicates": replicates,
+            "collapsed": {r: {t: sum(stats.collapsed(s[t]) for s in seeds) for t in tasks}
+                          for r, seeds in rows.items()},
+            "best_constant": {t: stats.best_constant_score(next(iter(rows.values()))[0][t])
+                              for t in tasks}}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -171,6 +177,7 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                        sweep_dir)
     for r in rows:
         r["ci"] = boot["row_ci"].get(r["row"]) if boot else None
+        r["collapsed"] = boot["collapsed"].get(r["row"]) if boot else None
     entry = {
         "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
         "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
@@ -182,6 +189,7 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
         "paper_table": paper.TABLE_NUMBERS.get(spec.table),
         "baseline_average": _mean([r.get("baseline_average") for rs in by_row.values()
                                    for r in rs]),
+        "best_constant": boot["best_constant"] if boot else None,
     }
     for r in rows:
         del r["paper_score"]
@@ -242,7 +250,31 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
     if entry.get("bootstrap_replicates"):
         lines += [f"Ours = mean ± std over seeds [95% CI: {entry['bootstrap_replicates']} "
                   "bootstrap replicates over seeds and test examples].", ""]
-    return "\n".join(lines + claims_markdown(entry.get("claims", [])))
+    return "\n".join(lines + claims_markdown(entry.get("claims", []))
+                     + collapsed_markdown(entry))
+
+
+def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
+    """Per row and task, the seeds whose fine-tune collapsed to one label (`stats.collapsed`),
+    and each task's best constant score: a row's task score near that floor, with collapsed
+    seeds, measures the fine-tune's failure rather than the pre-training."""
+    rows = [r for r in entry["rows"] if r.get("collapsed")]
+    if not rows or not any(n for r in rows for n in r["collapsed"].values()):
+        return []
+    tasks = sorted({t for r in rows for t in r["collapsed"]})
+    best = entry.get("best_constant") or {}
+    split = all(" | " in r["row"] for r in entry["rows"])  # 'Architecture | Objective'
+    head = ["Architecture", "Objective"] if split else ["Row"]
+    names = [*head, *[t.removeprefix("downstream_") for t in tasks]]
+    lines = [f"Fine-tunes collapsed to one label (≥ {stats.COLLAPSED_SHARE:.0%} of the test "
+             "examples given the same output), seeds per row:", "",
+             "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for r in rows:
+        lines.append(f"| {r['row']} | " + " | ".join(
+            f"{r['collapsed'].get(t, 0)}/{r['num_seeds']}" for t in tasks) + " |")
+    lines.append("| *best constant score* | " + " | " * split
+                 + " | ".join(_num(best.get(t)) for t in tasks) + " |")
+    return [*lines, ""]
 
 
 def claims_markdown(claims: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -130,16 +130,20 @@ def train_command(spec: Mapping[str, Any], path: str) -> list[str]:
 
 
 def evaluate_command(spec: Mapping[str, Any], path: str, out: str = "eval",
-                     finetune_seed: int | None = None) -> list[str]:
+                     finetune_seed: int | None = None,
+                     extra: Sequence[str] = ()) -> list[str]:
     """The `python -m t5x_like.evaluate` argv of a cell spec, writing to `path/out`; the
-    fine-tuning seed (data order, dropout) is the cell's pre-training seed unless given."""
+    fine-tuning seed (data order, dropout) is the cell's pre-training seed unless given.
+    `extra`: flags (`--...`) and gin bindings appended last, so they win over the scale's."""
     scale = spec["scale"]
     seed = [] if finetune_seed is None else [f"train.seed = {int(finetune_seed)}"]
+    flags = [e for e in extra if e.startswith("--")]
+    bindings = [e for e in extra if not e.startswith("--")]
     return [sys.executable, "-m", "t5x_like.evaluate",
             f"--checkpoint={os.path.join(path, 'pretrain')}",
-            f"--out_dir={os.path.join(path, out)}", *scale["evaluate_flags"],
+            f"--out_dir={os.path.join(path, out)}", *scale["evaluate_flags"], *flags,
             *[f"--gin_file={f}" for f in scale["evaluate_gin_files"]],
-            *binding_flags([*scale["evaluate_bindings"], *seed])]
+            *binding_flags([*scale["evaluate_bindings"], *seed, *bindings])]
 
 
 def cell_spec(cell: Cell, scale: ScaleSpec) -> dict[str, Any]:
@@ -197,14 +201,17 @@ def _cache_dir(path: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), XLA_CACHE)
 
 
-def run_evaluation(path: str, out: str, finetune_seed: int | None = None) -> dict[str, Any]:
+def run_evaluation(path: str, out: str, finetune_seed: int | None = None,
+                   extra: Sequence[str] = ()) -> dict[str, Any]:
     """Evaluate a cell's pre-trained checkpoint again into `path/out` (e.g. with another
-    fine-tuning seed); skipped when `path/out/results.json` exists; returns that file."""
+    fine-tuning seed, or another protocol: `extra` as in `evaluate_command`); skipped when
+    `path/out/results.json` exists; returns that file."""
     results = os.path.join(path, out, RESULTS)
     if not os.path.exists(results):
         with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
             spec = json.load(f)
-        _run(evaluate_command(spec, path, out, finetune_seed), os.path.join(path, f"{out}.log"),
+        _run(evaluate_command(spec, path, out, finetune_seed, extra),
+             os.path.join(path, f"{out}.log"),
              f"{os.path.basename(path)}: python -m t5x_like.evaluate ({out})", _cache_dir(path))
     with open(results, encoding="utf-8") as f:
         return json.load(f)

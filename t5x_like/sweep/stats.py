@@ -71,6 +71,31 @@ def scores(pred: TaskPredictions, index: np.ndarray) -> np.ndarray:
     return 100.0 * f1 / np.maximum(present, 1)
 
 
+#: A fine-tune whose most common test output covers at least this share of the examples is
+#: counted as collapsed: a (near-)constant predictor that learned the label prior, not the input.
+COLLAPSED_SHARE = 0.95
+
+
+def top_output_share(pred: TaskPredictions) -> float:
+    """The share of test examples given the most common output (1.0: a constant predictor)."""
+    return float(np.bincount(pred.outputs).max() / len(pred.outputs))
+
+
+def collapsed(pred: TaskPredictions) -> bool:
+    """Whether one output covers `COLLAPSED_SHARE` of the test examples."""
+    return top_output_share(pred) >= COLLAPSED_SHARE
+
+
+def best_constant_score(pred: TaskPredictions) -> float:
+    """The best score a constant predictor gets on these test targets (any one gold class for
+    every example): the floor a collapsed fine-tune lands on, often above the majority-class
+    baseline when the test split's label shares differ from the training split's."""
+    everything = np.arange(len(pred.targets))[None]
+    return max(float(scores(TaskPredictions(pred.metric, pred.targets,
+                                            np.full_like(pred.targets, c)), everything)[0])
+               for c in np.unique(pred.targets))
+
+
 def percentile_ci(samples: np.ndarray) -> tuple[float, float]:
     """The central `CONFIDENCE` interval of bootstrap samples (NaNs ignored)."""
     tail = 100.0 * (1.0 - CONFIDENCE) / 2.0

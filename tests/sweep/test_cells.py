@@ -183,3 +183,41 @@ def test_noise_floor_bench_reuses_the_cells_and_separates_fine_tuning_seeds(swep
     again = _noise_floor(scale, sweep_dir, tmp_path / "noise")
     assert {p: p.stat().st_size for p in logs} == before
     assert again["rows"] == data["rows"]
+
+
+def test_finetune_steps_bench_reevaluates_longer_and_reuses(swept, tmp_path):
+    """scripts/bench_finetune_steps.py: the scale's own length is the sweep's evaluation, a
+    longer one fine-tunes the same checkpoints again (and only that), a rerun reuses it."""
+    _, sweep_dir, _ = swept
+    out = tmp_path / "ft"
+    argv = [sys.executable, str(ROOT / "scripts" / "bench_finetune_steps.py"),
+            f"--sweep_dir={sweep_dir}", "--steps=4,8", "--cells=*__s0__*",
+            "--tasks=downstream_spam", f"--out={out}"]
+
+    def bench() -> dict:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
+                              cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return json.loads(out.with_suffix(".json").read_text())
+
+    data = bench()
+    assert data["steps"] == [4, 8] and len(data["cells"]) == 2
+    for cell_id, cell in data["cells"].items():
+        assert cell["4"]["dir"] == "eval" and cell["8"]["dir"] == "eval_steps8"
+        ft = sweep_dir / "cells" / cell_id / "eval_steps8" / "finetune" / "downstream_spam"
+        assert "train.num_train_steps = 8" in (ft / "config.gin").read_text()
+        assert runner.read_metrics(str(ft))[-1]["step"] == 8
+        results = json.loads((ft.parents[1] / "results.json").read_text())
+        assert list(results["tasks"]) == ["downstream_spam"]
+        assert cell["8"]["tasks"]["downstream_spam"]["score"] == results["tasks"][
+            "downstream_spam"]["score"]
+    spam = data["summary"]["downstream_spam"]
+    lo, hi = spam["8"]["ci"]
+    assert lo <= spam["8"]["difference"] <= hi
+    assert 0 <= spam["8"]["collapsed"] <= 2 and spam["best_constant"] > 0
+    assert {r: e["cells"] for r, e in data["rows"].items()} == {f"table2: {r}": 1 for r in ROWS}
+    assert "| spam |" in out.with_suffix(".md").read_text()
+    logs = sorted(sweep_dir.glob("cells/*/eval_steps8.log"))
+    before = {p: p.stat().st_size for p in logs}
+    assert len(logs) == 2 and bench()["cells"] == data["cells"]
+    assert {p: p.stat().st_size for p in logs} == before

@@ -25,6 +25,14 @@ def test_print_commands_one_line_per_cell(tmp_path, capsys):
         assert train[1:3] == ["-m", "t5x_like.train"] and "--model_dir=/x/pretrain" in train
         evaluate = runner.evaluate_command(spec, "/x")
         assert "--checkpoint=/x/pretrain" in evaluate and "--out_dir=/x/eval" in evaluate
+        probe = runner.evaluate_command(spec, "/x", "eval_p", 3,
+                                        ["--finetune_steps=7", "train.batch_size = 2"])
+        assert "--out_dir=/x/eval_p" in probe
+        # argparse and gin keep the last value: the probe's flags and bindings win
+        steps = [a for a in probe if a.startswith("--finetune_steps")]
+        assert steps[-1] == "--finetune_steps=7"
+        assert probe[-2:] == ["--gin_bindings=train.seed = 3",
+                              "--gin_bindings=train.batch_size = 2"]
     shared = [json.loads(open(os.path.join(shlex.split(x)[3][11:], "cell.json")).read())
               for x in lines]
     assert sum(len(s["rows"]) == 2 for s in shared) == 1

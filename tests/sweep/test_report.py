@@ -136,13 +136,15 @@ def test_claims_reproduce_with_the_paper_direction_in_the_paper_tables():
         assert diff > 0 if claim.relation == ">" else abs(diff) <= 1.0, claim
 
 
-def _write_predictions(sweep_dir, cells, right_share, offset=None):
+def _write_predictions(sweep_dir, cells, right_share, offset=None, constant=None):
     """Spam test predictions per cell: `right_share[row]` of 200 examples right, a run of
-    examples starting at `offset[row]` (default 0)."""
+    examples starting at `offset[row]` (default 0); `constant(row, seed)` -> a label that cell
+    outputs for every example instead (a collapsed fine-tune), or None."""
     targets = ["spam" if i % 3 == 0 else "ham" for i in range(200)]
     for cell in cells:
         row = cell.rows[0][1]
         good = int(200 * right_share[row])
+        fixed = constant(row, cell.seed) if constant else None
         path = os.path.join(runner.cell_dir(str(sweep_dir), cell), "eval", "predictions")
         os.makedirs(path)
         with open(os.path.join(path, "downstream_spam.jsonl"), "w") as f:
@@ -150,7 +152,7 @@ def _write_predictions(sweep_dir, cells, right_share, offset=None):
                 wrong = "ham" if t == "spam" else "spam"
                 right = (i - (offset or {}).get(row, 0)) % 200 < good
                 f.write(json.dumps({"inputs": "x", "targets": t,
-                                    "output": t if right else wrong}) + "\n")
+                                    "output": fixed or (t if right else wrong)}) + "\n")
 
 
 def test_bootstrap_cis_tau_ci_and_claims_from_saved_predictions(tmp_path):
@@ -184,3 +186,21 @@ def test_no_predictions_no_bootstrap(tmp_path):
     table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
     assert table["claims"] == [] and table["kendall_tau_ci"] is None
     assert all(r["ci"] is None for r in table["rows"])
+
+
+def test_collapsed_fine_tunes_are_counted_per_row(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2)
+    shares = {"Prefix LM": 0.6, "BERT-style": 0.95, "Deshuffling": 0.62}
+    _write_predictions(tmp_path, cells, shares,
+                       constant=lambda row, seed: "ham" if row == "BERT-style" and seed else None)
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    counts = {r["row"]: r["collapsed"]["downstream_spam"] for r in table["rows"]}
+    assert counts == {"Prefix LM": 0, "BERT-style": 1, "Deshuffling": 0}
+    # always "ham", 133 of 200 targets ham: macro-F1 = (F1(ham) + F1(spam) = 0) / 2
+    assert table["best_constant"]["downstream_spam"] == pytest.approx(100 * 133 / 333)
+    md = report.table_markdown("table3", table)
+    assert "| BERT-style | 1/2 |" in md and "| *best constant score* | 39.94 |" in md
+    healthy = _fake_sweep(tmp_path / "healthy", [50.0, 60.0, 40.0], seeds=2)
+    _write_predictions(tmp_path / "healthy", healthy, shares)
+    table = report.build([_spec()], healthy, str(tmp_path / "healthy"), "micro")
+    assert "collapsed" not in report.table_markdown("table3", table["tables"]["table3"])

@@ -108,3 +108,20 @@ def test_rows_must_share_their_test_split() -> None:
     rows = {"a": _row(rng, 0.7, 100, 1), "b": _row(rng, 0.7, 90, 1)}
     with pytest.raises(ValueError, match="test examples"):
         stats.row_replicates(rows, ["task"], replicates=10)
+
+
+def test_collapse_and_best_constant_score() -> None:
+    targets = ["democratic"] * 54 + ["republican"] * 38 + ["other"] * 8
+    constant = stats.encode("accuracy", targets, ["democratic"] * 100)
+    assert stats.top_output_share(constant) == 1.0 and stats.collapsed(constant)
+    # the best constant is the test split's own majority, whatever the training split's was
+    assert stats.best_constant_score(constant) == pytest.approx(54.0)
+    mostly = stats.encode("accuracy", targets, ["democratic"] * 95 + ["other"] * 5)
+    assert stats.top_output_share(mostly) == pytest.approx(0.95) and stats.collapsed(mostly)
+    learned = stats.encode("accuracy", targets, targets)
+    assert not stats.collapsed(learned)
+    # macro-F1 of a constant equals scoring.f1_macro of that constant, best class chosen
+    spam = ["ham"] * 70 + ["spam"] * 30
+    expected = max(scoring.f1_macro(spam, [c] * 100)["f1_macro"] for c in ("ham", "spam"))
+    assert stats.best_constant_score(stats.encode("f1_macro", spam, spam)) == pytest.approx(
+        expected)
