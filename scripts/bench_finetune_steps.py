@@ -12,7 +12,8 @@ evaluation is reused.
 
     python scripts/bench_finetune_steps.py --sweep_dir runs/sweeps/tiny --steps 80,240 \\
         [--cells 'encdec_2x2__*'] [--tasks downstream_spam] [--parallel 2] \\
-        [--out benchmarks/finetune_steps_tiny]
+        [--compare 'table2: Encoder-decoder | Denoising::table2: Encoder-decoder | LM'] \\
+        --out benchmarks/finetune_steps_tiny
 
 Writes <out>.json and <out>.md: per task and length, the mean score, collapsed fine-tunes and
 the paired difference to the shortest length with a bootstrap CI over cells; per sweep row and
@@ -99,7 +100,8 @@ def predictions(path: str, name: str, tasks: list[str]) -> dict[str, stats.TaskP
     return preds
 
 
-def measure(paths: list[str], steps: list[int], tasks: list[str], parallel: int) -> dict:
+def measure(paths: list[str], steps: list[int], tasks: list[str], parallel: int,
+            compare: tuple[str, str] | None = None) -> dict:
     """Run what is missing, then per cell and length: scores, collapse and top-label share."""
     jobs = [(p, n) for n in steps for p in paths]
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -115,7 +117,30 @@ def measure(paths: list[str], steps: list[int], tasks: list[str], parallel: int)
             "top_output_share": stats.top_output_share(preds[path, n][t]),
             "collapsed": stats.collapsed(preds[path, n][t])} for t in tasks}}
     return {"cells": cells, "summary": summarize(paths, steps, tasks, preds),
-            "rows": by_row(cells, steps, tasks)}
+            "rows": by_row(cells, steps, tasks),
+            "difference": compare and row_difference(paths, steps, tasks, preds, compare)}
+
+
+def row_difference(paths: list[str], steps: list[int], tasks: list[str],
+                   preds: dict[tuple[str, int], dict[str, stats.TaskPredictions]],
+                   compare: tuple[str, str]) -> dict:
+    """First row minus second ('table: row' names), at each length: the difference of the
+    rows' mean suite scores with a bootstrap CI over their cells (seeds) and shared test
+    examples (`stats.row_replicates`, as the sweep report's claims)."""
+    members = {name: [p for p in paths if name in {f"{t}: {r}" for t, r in _spec(p)["rows"]}]
+               for name in compare}
+    for name, found in members.items():
+        if not found:
+            raise SystemExit(f"--compare: no selected cell is in row {name!r}")
+    out = {"rows": list(compare)}
+    for n in steps:
+        rows = {name: [preds[p, n] for p in found] for name, found in members.items()}
+        boot = stats.row_replicates(rows, tasks)
+        points = stats.point_scores(rows, tasks)
+        a, b = compare
+        out[str(n)] = {"difference": statistics.fmean(points[a]) - statistics.fmean(points[b]),
+                       "ci": list(stats.percentile_ci(boot[a] - boot[b]))}
+    return out
 
 
 def by_row(cells: dict[str, dict], steps: list[int], tasks: list[str]) -> dict[str, dict]:
@@ -172,9 +197,11 @@ def render(data: dict) -> str:
     """The Markdown report."""
     steps, tasks = data["steps"], data["tasks"]
     n = len(data["cells"])
+    argv = [a for i, a in enumerate(data["argv"]) if not a.startswith("--note")
+            and not (i and data["argv"][i - 1] == "--note")]  # the note is printed below
     lines = [f"# Fine-tuning length on the `{data['scale']}` sweep's checkpoints", "",
              f"Machine: {data['machine']}. {n} cells from `{data['sweep_dir']}`, {data['date']}; "
-             f"`python scripts/bench_finetune_steps.py {' '.join(data['argv'])}`.", "",
+             f"`python scripts/bench_finetune_steps.py {' '.join(argv)}`.", "",
              "Each cell's pre-trained checkpoint fine-tuned per task for "
              f"{', '.join(map(str, steps))} steps (the schedule stretched to the length; seed, "
              "lr, batch and scoring "
@@ -204,6 +231,13 @@ def render(data: dict) -> str:
     for row, entry in data["rows"].items():
         lines.append(f"| {row.replace(' | ', ' / ')} | {entry['cells']} | " + " | ".join(
             f"{_f(entry[str(s)]['mean'])} | {entry[str(s)]['collapsed']}" for s in steps) + " |")
+    d = data.get("difference")
+    if d:
+        a, b = (r.replace(" | ", " / ") for r in d["rows"])
+        lines += ["", f"{a} − {b} (mean over tasks; 95% bootstrap CI over seeds and test "
+                  "examples): " + "; ".join(
+                      f"{s} steps {d[str(s)]['difference']:+.1f} [{d[str(s)]['ci'][0]:+.1f}, "
+                      f"{d[str(s)]['ci'][1]:+.1f}]" for s in steps) + "."]
     lines += ["", "Per cell (score; * = collapsed):", "",
               "| Cell | " + " | ".join(f"{t.removeprefix('downstream_')} @{s}"
                                       for t in tasks for s in steps) + " |",
@@ -225,6 +259,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tasks", default=None, help="default: the scale's tasks")
     p.add_argument("--parallel", type=int, default=1, help="evaluations run at once")
     p.add_argument("--out", required=True, help="path prefix of <out>.json / <out>.md")
+    p.add_argument("--compare", default=None,
+                   help="'TABLE: ROW::TABLE: ROW': that difference of rows, with its CI")
     p.add_argument("--note", default="", help="a remark on this run, printed in the report")
     args = p.parse_args(argv)
     steps = sorted({int(s) for s in args.steps.split(",") if s.strip()})
@@ -239,6 +275,8 @@ def main(argv: list[str]) -> int:
              and runner.is_done(os.path.join(cells_dir, c))]
     if not paths:
         raise SystemExit(f"no finished cell in {cells_dir} matches {args.cells!r}")
+    if args.compare and len(args.compare.split("::")) != 2:
+        raise SystemExit(f"--compare wants 'TABLE: ROW::TABLE: ROW', got {args.compare!r}")
     first = _spec(paths[0])
     tasks = args.tasks.split(",") if args.tasks else scale_tasks(first)
     unknown = set(tasks) - set(scale_tasks(first))
@@ -247,7 +285,8 @@ def main(argv: list[str]) -> int:
     data = {"machine": host.describe(), "scale": first["scale"]["name"],
             "sweep_dir": args.sweep_dir, "steps": steps, "tasks": tasks,
             "date": time.strftime("%Y-%m-%d"), "argv": argv, "note": args.note,
-            **measure(paths, steps, tasks, args.parallel)}
+            **measure(paths, steps, tasks, args.parallel,
+                      tuple(args.compare.split("::")) if args.compare else None)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     runner.write_json(args.out + ".json", data)
     discussion = Path(args.out + "_discussion.md")  # the analysis survives regenerating

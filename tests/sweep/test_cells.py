@@ -192,7 +192,8 @@ def test_finetune_steps_bench_reevaluates_longer_and_reuses(swept, tmp_path):
     out = tmp_path / "ft"
     argv = [sys.executable, str(ROOT / "scripts" / "bench_finetune_steps.py"),
             f"--sweep_dir={sweep_dir}", "--steps=4,8", "--cells=*__s0__*",
-            "--tasks=downstream_spam", f"--out={out}"]
+            "--tasks=downstream_spam", f"--out={out}",
+            f"--compare=table2: {ROWS[0]}::table2: {ROWS[1]}"]
 
     def bench() -> dict:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
@@ -216,6 +217,11 @@ def test_finetune_steps_bench_reevaluates_longer_and_reuses(swept, tmp_path):
     assert lo <= spam["8"]["difference"] <= hi
     assert 0 <= spam["8"]["collapsed"] <= 2 and spam["best_constant"] > 0
     assert {r: e["cells"] for r, e in data["rows"].items()} == {f"table2: {r}": 1 for r in ROWS}
+    d = data["difference"]
+    for n in ("4", "8"):  # one cell per row: the row means are those cells' scores
+        scores = [data["rows"][f"table2: {r}"][n]["mean"] for r in ROWS]
+        assert abs(d[n]["difference"] - (scores[0] - scores[1])) < 1e-9
+        assert d[n]["ci"][0] <= d[n]["difference"] <= d[n]["ci"][1]
     assert "| spam |" in out.with_suffix(".md").read_text()
     logs = sorted(sweep_dir.glob("cells/*/eval_steps8.log"))
     before = {p: p.stat().st_size for p in logs}
