@@ -263,7 +263,10 @@ def main(argv: list[str]) -> int:
                    help="'TABLE: ROW::TABLE: ROW': that difference of rows, with its CI")
     p.add_argument("--note", default="", help="a remark on this run, printed in the report")
     args = p.parse_args(argv)
-    steps = sorted({int(s) for s in args.steps.split(",") if s.strip()})
+    try:
+        steps = sorted({int(s) for s in args.steps.split(",") if s.strip()})
+    except ValueError:
+        steps = []
     if not steps or steps[0] < 1:
         raise SystemExit(f"--steps must be positive integers, got {args.steps!r}")
     cells_dir = os.path.join(args.sweep_dir, "cells")
