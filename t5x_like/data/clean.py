@@ -81,10 +81,8 @@ class CleanStats:
         lines = [f"documents: {self.input_docs} in, {self.kept_docs} kept, "
                  f"{self.input_docs - self.kept_docs} dropped; characters: {self.input_chars} in, "
                  f"{self.kept_chars} kept"]
-        for reason in PAGE_REASONS:
-            lines.append(f"  dropped documents, {reason}: {self.dropped_docs.get(reason, 0)}")
-        for reason in LINE_REASONS:
-            lines.append(f"  dropped lines, {reason}: {self.dropped_lines.get(reason, 0)}")
+        lines += [f"  dropped documents, {r}: {self.dropped_docs.get(r, 0)}" for r in PAGE_REASONS]
+        lines += [f"  dropped lines, {r}: {self.dropped_lines.get(r, 0)}" for r in LINE_REASONS]
         lines.append(f"  duplicate sentences cut: {self.removed_duplicate_sentences}")
         return "\n".join(lines)
 

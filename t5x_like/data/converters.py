@@ -97,9 +97,9 @@ def pack_dataset(
     """
     keys = sorted(feature_lengths)
     caps = [int(feature_lengths[k]) for k in keys]
-    names = [k + suffix for k in keys for suffix in ("", "_segment_ids", "_positions")]
     cap_of = {k + suffix: cap for k, cap in zip(keys, caps, strict=True)
               for suffix in ("", "_segment_ids", "_positions")}
+    names = list(cap_of)
     bins = num_open_rows
 
     def trim(x: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -194,25 +194,21 @@ class PrefixLMFeatureConverter(_BestFitPacking, seqio.PrefixLMFeatureConverter):
     and the first target position, loss on the targets only (SeqIO's convention)."""
 
 
+def _without_causal_attention(features: Mapping) -> dict:
+    return {k: v for k, v in features.items() if k != "decoder_causal_attention"}
+
+
 class ConcatLMFeatureConverter(PrefixLMFeatureConverter):
     """Decoder-only LM over inputs + targets (Table 2's "language model" with a denoising
     objective): prefix-LM features without `decoder_causal_attention`, loss on targets only."""
 
-    MODEL_FEATURES = {
-        k: v
-        for k, v in seqio.PrefixLMFeatureConverter.MODEL_FEATURES.items()
-        if k != "decoder_causal_attention"
-    }
+    MODEL_FEATURES = _without_causal_attention(seqio.PrefixLMFeatureConverter.MODEL_FEATURES)
 
     def _convert_example(self, features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        out = dict(super()._convert_example(features))
-        out.pop("decoder_causal_attention")
-        return out
+        return _without_causal_attention(super()._convert_example(features))
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
-        out = dict(super().get_model_feature_lengths(task_feature_lengths))
-        out.pop("decoder_causal_attention")
-        return out
+        return _without_causal_attention(super().get_model_feature_lengths(task_feature_lengths))
 
 
 #: (model family, task has inputs) -> converter; the missing pairs have no converter.
@@ -249,9 +245,7 @@ def get_feature_converter(
     return cls(pack=pack, apply_length_check=False)
 
 
-def model_sequence_length(
-    model_family: str, sequence_length: Mapping[str, int], has_inputs: bool
-) -> dict[str, int]:
+def model_sequence_length(sequence_length: Mapping[str, int], has_inputs: bool) -> dict[str, int]:
     """Task feature lengths for the converter.
 
     A targets-only task given {'inputs': Li, 'targets': Lt} gets {'targets': Li + Lt} (the
@@ -262,5 +256,4 @@ def model_sequence_length(
         if missing:
             raise ValueError(f"sequence_length needs {sorted(missing)} for this task.")
         return {k: int(sequence_length[k]) for k in ("inputs", "targets")}
-    del model_family
     return {"targets": int(sum(sequence_length.values()))}

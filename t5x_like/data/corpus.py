@@ -327,8 +327,7 @@ def iter_split_records(split: str,
 
 def iter_split_texts(split: str, data_dir: str | os.PathLike | None = None) -> Iterator[str]:
     """Texts of one split of the built corpus, in a fixed order (shard by shard)."""
-    for record in iter_split_records(split, data_dir):
-        yield record["text"]
+    yield from (record["text"] for record in iter_split_records(split, data_dir))
 
 
 # --------------------------------------------------------------------------- seqio sources
@@ -350,8 +349,9 @@ def c4_missing_message(tfds_data_dir: str) -> str:
             "$TFDS_DATA_DIR). The offline default corpus is `c4like`.")
 
 
-def _c4_ready(tfds_data_dir: str) -> bool:
-    return os.path.isfile(os.path.join(tfds_data_dir, "c4", "en", "3.1.0", "dataset_info.json"))
+def _require_c4(tfds_data_dir: str) -> None:
+    if not os.path.isfile(os.path.join(tfds_data_dir, "c4", "en", "3.1.0", "dataset_info.json")):
+        raise FileNotFoundError(c4_missing_message(tfds_data_dir))
 
 
 def get_source(corpus: str = "c4like", tfds_data_dir: str | None = None, *,
@@ -390,17 +390,15 @@ def get_source(corpus: str = "c4like", tfds_data_dir: str | None = None, *,
 
         class _OfflineTfdsSource(seqio.TfdsDataSource):
             def get_dataset(self, *args, **kwargs):
-                if not _c4_ready(tdir):
-                    raise FileNotFoundError(c4_missing_message(tdir))
+                _require_c4(tdir)
                 return super().get_dataset(*args, **kwargs)
 
             def list_shards(self, split: str):
-                if not _c4_ready(tdir):
-                    raise FileNotFoundError(c4_missing_message(tdir))
+                _require_c4(tdir)
                 return super().list_shards(split)
 
-        if not lazy and not _c4_ready(tdir):
-            raise FileNotFoundError(c4_missing_message(tdir))
+        if not lazy:
+            _require_c4(tdir)
         return _OfflineTfdsSource(tfds_name=C4_TFDS_NAME, tfds_data_dir=tdir,
                                   splits=("train", "validation"), read_only=True)
     raise ValueError(f"unknown corpus {corpus!r}; known corpora: {', '.join(KNOWN_CORPORA)}")

@@ -137,13 +137,9 @@ def _hash(text: str) -> int:
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], 16)
 
 
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
 def _clip(text: str, max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> str:
     """The first max_words words, cut further at the last space before max_chars."""
-    text = " ".join(_words(text)[:max_words])
+    text = " ".join(text.split()[:max_words])
     if len(text) > max_chars:
         cut = text.rfind(" ", 0, max_chars + 1)
         text = text[:cut if cut > 0 else max_chars]
@@ -166,8 +162,7 @@ def _split_documents(labels_of_docs: dict[str, str]) -> dict[str, str]:
 
 def _cap(examples: list[dict], cap: int) -> list[dict]:
     """At most `cap` examples, those with the lowest id hashes, in that (random-like) order."""
-    ranked = sorted(examples, key=lambda e: (_hash("pick:" + e["id"]), e["id"]))
-    return ranked[:cap]
+    return sorted(examples, key=lambda e: (_hash("pick:" + e["id"]), e["id"]))[:cap]
 
 
 def _passages(text: str, min_words: int, max_words: int = MAX_WORDS) -> list[str]:
@@ -175,7 +170,7 @@ def _passages(text: str, min_words: int, max_words: int = MAX_WORDS) -> list[str
     sentences = [s for line in text.splitlines() for s in clean.split_sentences(line)]
     out, current, n = [], [], 0
     for s in sentences:
-        k = len(_words(s))
+        k = len(s.split())
         if current and n + k > max_words:
             if n >= min_words:
                 out.append(" ".join(current))
@@ -229,22 +224,17 @@ def _cloze_at(sentences: list[list[str]], end: int, min_words: int = CLOZE_MIN_W
 
 def _classification_examples(records: Iterable[dict]) -> dict[str, dict[str, list[dict]]]:
     """task -> split -> uncapped examples for the four classification tasks."""
-    spam, brown, sotu = {}, {}, {}
+    by_source: dict[str, dict[str, str]] = collections.defaultdict(dict)  # source -> id -> text
     for r in records:
-        doc_id, text = r["id"], r["text"]
-        if r["source"] == "spam_assassin":
-            spam[doc_id] = text
-        elif r["source"] == "brown":
-            brown[doc_id] = text
-        elif r["source"] == "sotu":
-            sotu[doc_id] = text
+        by_source[r["source"]][r["id"]] = r["text"]
+    spam, brown, sotu = (by_source[s] for s in ("spam_assassin", "brown", "sotu"))
     out: dict[str, dict[str, list[dict]]] = {
         n: {s: [] for s in SPLITS} for n in SUITE if n != "downstream_cloze"}
 
     spam_label = {d: "spam" if d.split("/")[1].startswith("spam") else "ham" for d in spam}
     split = _split_documents(spam_label)
     for d, text in spam.items():
-        if len(_words(text)) >= MIN_WORDS:
+        if len(text.split()) >= MIN_WORDS:
             out["downstream_spam"][split[d]].append(
                 {"id": d, "inputs": "spam or ham: " + _clip(text), "targets": spam_label[d]})
 
@@ -399,9 +389,7 @@ def compute_metrics(name: str, targets: list[str], predictions: list[str]) -> di
     scoring.check_inputs(targets, predictions)
     t = [scoring.strip(x) for x in targets]
     p = [scoring.strip(x) for x in predictions]
-    out: dict[str, float] = {}
-    for fn in spec.metric_fns:
-        out.update(fn(t, p))
+    out = {k: v for fn in spec.metric_fns for k, v in fn(t, p).items()}
     out["score"] = out[spec.primary_metric]
     return out
 

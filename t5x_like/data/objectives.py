@@ -284,8 +284,12 @@ class Objective:
         low, high = self._prefix_bounds(t, budgets)
         return [(n, 1, 0) for n in {low, high}]
 
-    def _prefix_bounds(self, t: int, budgets: tuple[int, int]) -> tuple[int, int]:
-        """Suffix lengths n in [low, high] that keep both transforms inside their budgets."""
+    def _prefix_bounds(self, t: int | tf.Tensor, budgets: tuple[int, int], maximum=max,
+                       minimum=min) -> tuple:
+        """Suffix lengths n in [low, high] that keep both transforms inside their budgets.
+
+        `t` is an int, or a scalar int32 tensor (a dynamic chunk length) with tf.maximum/minimum.
+        """
         low, high = 1, t - 1
         pairs = ((self.inputs_transform, budgets[0]), (self.targets_transform, budgets[1]))
         for name, budget in pairs:
@@ -293,9 +297,9 @@ class Objective:
                 continue
             a, b, c, _ = TRANSFORMS[name].length  # s = 1, no trailing non-noise
             if b < 0:
-                low = max(low, a * t + c - budget)
+                low = maximum(low, a * t + c - budget)
             elif b > 0:
-                high = min(high, budget - a * t - c)
+                high = minimum(high, budget - a * t - c)
         return low, high
 
     def _length(self, name: str | None, t: int, profile: tuple[int, int, int]) -> int:
@@ -430,7 +434,7 @@ def _apply_objective(
     length = tf.size(chunk)
     min_noise, max_noise = 1, None
     if objective.mask == "prefix":
-        min_noise, max_noise = _tf_prefix_bounds(objective, length, budgets)
+        min_noise, max_noise = objective._prefix_bounds(length, budgets, tf.maximum, tf.minimum)
     mask = noise.noise_mask(
         objective.mask,
         length,
@@ -448,23 +452,6 @@ def _apply_objective(
         prefix = tf.constant(prefix_ids, tf.int32, shape=[len(prefix_ids)])
         out["inputs"] = tf.concat([prefix, inputs, eos], axis=0)
     return out
-
-
-def _tf_prefix_bounds(
-    objective: Objective, length: tf.Tensor, budgets: tuple[int, int]
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """TF twin of `Objective._prefix_bounds` for a dynamic chunk length."""
-    low, high = tf.constant(1), length - 1
-    pairs = ((objective.inputs_transform, budgets[0]), (objective.targets_transform, budgets[1]))
-    for name, budget in pairs:
-        if name is None:
-            continue
-        a, b, c, _ = TRANSFORMS[name].length
-        if b < 0:
-            low = tf.maximum(low, a * length + c - budget)
-        elif b > 0:
-            high = tf.minimum(high, budget - a * length - c)
-    return low, high
 
 
 def check_vocabulary(objective: Objective, vocabulary: seqio.Vocabulary) -> VocabInfo:

@@ -78,13 +78,6 @@ def _marked(vocabulary: seqio.Vocabulary, chunk: list[int], mask: list[bool]) ->
     return " ".join(p for p in parts if p)
 
 
-def _documents(task: str, split: str, first: int) -> tf.data.Dataset:
-    provider = tasks.get_task(task)
-    if isinstance(provider, seqio.Mixture):
-        provider = provider.tasks[0]
-    return provider.source.get_dataset(split=split, shuffle=False).skip(first)
-
-
 def preview_task(
     task: str,
     *,
@@ -115,7 +108,8 @@ def preview_task(
     if not objective.has_inputs:
         lengths = {"targets": sum(lengths.values())} if "inputs" in lengths else lengths
     features = {k: seqio.Feature(vocab) for k in ("inputs", "targets")}
-    docs = _documents(task, split, document).map(lambda x: vocab.encode_tf(x["text"]))
+    docs = provider.source.get_dataset(split=split, shuffle=False).skip(document)
+    docs = docs.map(lambda x: vocab.encode_tf(x["text"]))
     records: list[Record] = []
     for doc_offset, tokens in enumerate(docs.take(64).as_numpy_iterator()):
         one = tf.data.Dataset.from_tensors({"targets": tf.constant(tokens, tf.int32)})

@@ -90,12 +90,8 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
     check_inputs(targets, predictions)
     keys = ("rouge1", "rouge2", "rougeL")
     scorer = rouge_scorer.RougeScorer(list(keys), use_stemmer=True)
-    totals = dict.fromkeys(keys, 0.0)
-    for t, p in zip(targets, predictions, strict=True):
-        scores = scorer.score(t, p)
-        for k in keys:
-            totals[k] += scores[k].fmeasure
-    return {k: 100.0 * v / len(targets) for k, v in totals.items()}
+    scores = [scorer.score(t, p) for t, p in zip(targets, predictions, strict=True)]
+    return {k: 100.0 * sum(s[k].fmeasure for s in scores) / len(targets) for k in keys}
 
 
 def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:

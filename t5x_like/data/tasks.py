@@ -420,16 +420,12 @@ def task_objective(name: str) -> Objective | None:
 
 # ----------------------------------------------------------------------------- datasets
 def _pad_batch(batch_size: int):
-    def pad(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        out = {}
-        for k, v in batch.items():
-            missing = batch_size - tf.shape(v)[0]
-            padded = tf.pad(v, [[0, missing]] + [[0, 0]] * (len(v.shape) - 1))
-            padded.set_shape([batch_size, *v.shape[1:]])
-            out[k] = padded
-        return out
+    def pad(v: tf.Tensor) -> tf.Tensor:
+        padded = tf.pad(v, [[0, batch_size - tf.shape(v)[0]]] + [[0, 0]] * (len(v.shape) - 1))
+        padded.set_shape([batch_size, *v.shape[1:]])
+        return padded
 
-    return pad
+    return lambda batch: {k: pad(v) for k, v in batch.items()}
 
 
 def shard_seed(seed: int | None, shard_id: int) -> int | None:
@@ -466,7 +462,7 @@ def get_dataset(
         raise ValueError(f"shard_id={shard_id} must be in [0, num_shards={num_shards}).")
     provider = get_task(task, vocabulary)
     has_inputs = "inputs" in provider.output_features
-    lengths = converters.model_sequence_length(model_family, sequence_length, has_inputs)
+    lengths = converters.model_sequence_length(sequence_length, has_inputs)
     converter = converters.get_feature_converter(model_family, has_inputs=has_inputs, pack=pack)
     with tf_setup.no_autograph():
         ds = provider.get_dataset(

@@ -31,9 +31,7 @@ def sentencepiece_processor(
 ) -> sentencepiece.SentencePieceProcessor | None:
     """The SentencePiece processor behind `vocabulary` (sentinels included), or None."""
     inner = getattr(vocabulary, "_vocab", vocabulary)  # tasks.NamedVocabulary wraps one
-    if not isinstance(inner, seqio.SentencePieceVocabulary):
-        return None
-    return inner.tokenizer
+    return inner.tokenizer if isinstance(inner, seqio.SentencePieceVocabulary) else None
 
 
 def _encoder(processor: sentencepiece.SentencePieceProcessor):

@@ -59,18 +59,12 @@ def _sentences(texts: Iterable[str]) -> Iterator[str]:
                     yield s
 
 
-def _iter_file_texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
-    for _, text in clean.read_documents(paths):
-        yield text
-
-
 def _sample(sentences: Iterable[str], max_sentences: int, seed: int) -> list[str]:
     """A deterministic sample: the `max_sentences` sentences with the smallest seeded hash,
     kept in their original order (independent of SentencePiece's own sampling)."""
-    keyed = []
-    for i, s in enumerate(sentences):
-        h = hashlib.blake2b(s.encode("utf-8"), digest_size=8, key=str(seed).encode()).digest()
-        keyed.append((h, i, s))
+    key = str(seed).encode()
+    keyed = [(hashlib.blake2b(s.encode("utf-8"), digest_size=8, key=key).digest(), i, s)
+             for i, s in enumerate(sentences)]
     if len(keyed) > max_sentences:
         keyed.sort()
         keyed = sorted(keyed[:max_sentences], key=lambda t: t[1])
@@ -99,7 +93,7 @@ def train_vocabulary(text_files_or_iterator: Iterable[str] | Iterable[os.PathLik
         text_files_or_iterator]
     if items and all(isinstance(x, os.PathLike) or (isinstance(x, str) and "\n" not in x
                      and os.path.isfile(x)) for x in items):
-        texts: Iterable[str] = _iter_file_texts(items)
+        texts: Iterable[str] = (text for _, text in clean.read_documents(items))
     else:
         texts = items
     sentences = _sample(_sentences(texts), max_sentences, seed)
@@ -148,11 +142,8 @@ def c4like_8k_ready(data_dir: str | os.PathLike | None = None) -> bool:
 def build_c4like_8k(data_dir: str | os.PathLike | None = None) -> Path:
     """Train c4like_8k on the c4like train split (corpus must be built), atomically."""
     d = c4like_8k_dir(data_dir)
-    cfg = C4LIKE_8K
     with atomic.build_dir(d) as tmp:
-        train_vocabulary(corpus.iter_split_texts("train", data_dir), tmp / "spm",
-                         cfg["vocab_size"], cfg["model_type"], max_sentences=cfg["max_sentences"],
-                         seed=cfg["seed"], byte_fallback=cfg["byte_fallback"])
+        train_vocabulary(corpus.iter_split_texts("train", data_dir), tmp / "spm", **C4LIKE_8K)
         (tmp / "meta.json").write_text(json.dumps(_c4like_8k_meta(), indent=2) + "\n")
     return d / "spm.model"
 

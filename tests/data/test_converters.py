@@ -144,7 +144,7 @@ def test_prefix_lm_and_concat_lm_masks(family):
 def test_targets_only_tasks():
     ds = tf.data.Dataset.from_tensor_slices({"targets": tf.ragged.constant([[5, 6, 1], [7, 1]])})
     ds = ds.map(lambda x: {"targets": x["targets"]})
-    lengths = C.model_sequence_length("decoder_only", {"inputs": 3, "targets": 3}, False)
+    lengths = C.model_sequence_length({"inputs": 3, "targets": 3}, False)
     assert lengths == {"targets": 6}
     (row,) = list(C.get_feature_converter("decoder_only", has_inputs=False)(
         ds, lengths).as_numpy_iterator())
