@@ -102,14 +102,19 @@ def reference_dataset(kind: str, lengths: dict, cached: bool, data: dict):
     return task.get_dataset(lengths, split="train", shuffle=False, seed=0, num_epochs=None)
 
 
-def measure(ds, threads: int, skip: int, examples: int, lengths: dict) -> dict:
-    """Examples/s and output tokens/s over `examples` examples after skipping `skip`."""
+def with_threads(ds, threads: int):
+    """`ds` run on a private pool of `threads` threads, one per op."""
     import tensorflow as tf
 
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads
     options.threading.max_intra_op_parallelism = 1
-    it = ds.with_options(options).as_numpy_iterator()
+    return ds.with_options(options)
+
+
+def measure(ds, threads: int, skip: int, examples: int, lengths: dict) -> dict:
+    """Examples/s and output tokens/s over `examples` examples after skipping `skip`."""
+    it = with_threads(ds, threads).as_numpy_iterator()
     for _ in range(skip):
         next(it)
     tokens = full = 0
@@ -126,8 +131,6 @@ def measure(ds, threads: int, skip: int, examples: int, lengths: dict) -> dict:
 
 def packing(objective: str, family: str, batches: int = 8) -> dict:
     """Our non-pad fraction per feature of packed batches (batch 128, 512-token inputs)."""
-    import numpy as np
-
     from t5x_like.data import get_dataset, objectives
 
     lengths = objectives.default_sequence_length(_objective(f"c4like_{objective}"), 512)
@@ -135,13 +138,9 @@ def packing(objective: str, family: str, batches: int = 8) -> dict:
                      batch_size=128, model_family=family, vocabulary="c4_32k", seed=0)
     keys = [k for k in ("encoder_input_tokens", "decoder_target_tokens")
             if k in ds.element_spec]
-    nonpad = dict.fromkeys(keys, 0)
-    cells = dict.fromkeys(keys, 0)
-    for batch in ds.take(batches).as_numpy_iterator():
-        for k in keys:
-            nonpad[k] += int((batch[k] != 0).sum())
-            cells[k] += int(np.prod(batch[k].shape))
-    return {k: nonpad[k] / cells[k] for k in keys}
+    taken = list(ds.take(batches).as_numpy_iterator())
+    return {k: sum(int((b[k] != 0).sum()) for b in taken) / sum(b[k].size for b in taken)
+            for k in keys}
 
 
 def stage_dataset(stage: str, documents: int, lengths: dict):
@@ -180,12 +179,7 @@ def stage_dataset(stage: str, documents: int, lengths: dict):
 
 def time_stage(stage: str, documents: int, lengths: dict) -> dict:
     """Seconds to run `documents` documents through the pipeline cut after `stage`, 1 thread."""
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = 1
-    options.threading.max_intra_op_parallelism = 1
-    ds = stage_dataset(stage, documents, lengths).with_options(options)
+    ds = with_threads(stage_dataset(stage, documents, lengths), 1)
     start = time.perf_counter()
     elements = sum(1 for _ in ds.as_numpy_iterator())
     return {"seconds": time.perf_counter() - start, "elements": elements}
@@ -263,22 +257,17 @@ def cpu_model() -> str:
 
 
 def summarize(rows: list[dict]) -> dict:
-    ours = [r["ours"]["tokens_per_s"] for r in rows]
-    out = {"ours_tokens_per_s": statistics.median(ours),
-           "ours_examples_per_s": statistics.median(r["ours"]["examples_per_s"] for r in rows),
-           "ours_tokens_per_example": rows[0]["ours"]["tokens_per_example"],
-           "ours_full": rows[0]["ours"]["full"], "rounds": len(rows)}
+    def side(name: str) -> dict:
+        """One side's rates (medians over the rounds) and per-example numbers (first round)."""
+        out = {f"{name}_{k}": statistics.median(r[name][k] for r in rows)
+               for k in ("tokens_per_s", "examples_per_s")}
+        return {**out, **{f"{name}_{k}": rows[0][name][k] for k in ("tokens_per_example", "full")}}
+
+    out = {**side("ours"), "rounds": len(rows)}
     if rows[0].get("reference"):
         ratios = [r["ours"]["tokens_per_s"] / r["reference"]["tokens_per_s"] for r in rows]
-        ref = rows[0]["reference"]
-        out.update(
-            reference_tokens_per_s=statistics.median(r["reference"]["tokens_per_s"]
-                                                     for r in rows),
-            reference_examples_per_s=statistics.median(r["reference"]["examples_per_s"]
-                                                       for r in rows),
-            reference_tokens_per_example=ref["tokens_per_example"], reference_full=ref["full"],
-            ratio_median=statistics.median(ratios), ratio_min=min(ratios),
-            ratio_max=max(ratios))
+        out.update(side("reference"), ratio_median=statistics.median(ratios),
+                   ratio_min=min(ratios), ratio_max=max(ratios))
     return out
 
 
