@@ -54,14 +54,12 @@ def test_page_with_too_few_sentences_is_dropped():
     assert out == two
 
 
-def test_lorem_ipsum_drops_the_page():
-    out, stats = _clean(GOOD + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.")
-    assert out is None and stats.dropped_docs["lorem_ipsum"] == 1
-
-
-def test_curly_brace_drops_the_page():
-    out, stats = _clean(GOOD + "\nThe function returns {x: 1} to the caller.")
-    assert out is None and stats.dropped_docs["curly_brace"] == 1
+@pytest.mark.parametrize("line, reason", [
+    ("Lorem ipsum dolor sit amet, consectetur adipiscing elit.", "lorem_ipsum"),
+    ("The function returns {x: 1} to the caller.", "curly_brace")])
+def test_lorem_ipsum_and_curly_brace_drop_the_page(line, reason):
+    out, stats = _clean(GOOD + "\n" + line)
+    assert out is None and stats.dropped_docs[reason] == 1
 
 
 def test_javascript_and_policy_lines_are_dropped_not_the_page():

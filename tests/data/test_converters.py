@@ -12,6 +12,8 @@ import tensorflow as tf
 
 from t5x_like.data import converters as C
 
+LENGTHS = {"inputs": 40, "targets": 12}  # example_stream's full-length examples fill them
+
 
 def example_stream(n: int, seed: int, full_fraction: float = 0.5, li: int = 40, lt: int = 12):
     """Examples whose tokens encode (example id, position): long full-length ones mixed with
@@ -49,7 +51,7 @@ def segments_of(tokens, segment_ids, positions):
 
 def test_pack_dataset_conserves_every_example():
     examples = example_stream(300, seed=0)
-    packed = list(C.pack_dataset(to_dataset(examples), {"inputs": 40, "targets": 12},
+    packed = list(C.pack_dataset(to_dataset(examples), LENGTHS,
                                  window=64, num_open_rows=4).as_numpy_iterator())
     seen = []
     for row in packed:
@@ -69,19 +71,17 @@ def efficiency(ds, key="inputs"):
 
 def test_best_fit_packs_tighter_than_next_fit():
     examples = example_stream(400, seed=1)
-    lengths = {"inputs": 40, "targets": 12}
-    ours, ours_rows = efficiency(C.pack_dataset(to_dataset(examples), lengths))
+    ours, ours_rows = efficiency(C.pack_dataset(to_dataset(examples), LENGTHS))
     theirs, theirs_rows = efficiency(seqio.utils.trim_and_pack_dataset(to_dataset(examples),
-                                                                       lengths))
+                                                                       LENGTHS))
     assert ours_rows < theirs_rows
     assert ours > 0.9 and ours > theirs + 0.1, (ours, theirs)
 
 
 def test_pack_dataset_is_deterministic_and_drops_nothing_on_tiny_input():
     examples = example_stream(3, seed=2)
-    lengths = {"inputs": 40, "targets": 12}
-    a = list(C.pack_dataset(to_dataset(examples), lengths).as_numpy_iterator())
-    b = list(C.pack_dataset(to_dataset(examples), lengths).as_numpy_iterator())
+    a = list(C.pack_dataset(to_dataset(examples), LENGTHS).as_numpy_iterator())
+    b = list(C.pack_dataset(to_dataset(examples), LENGTHS).as_numpy_iterator())
     assert len(a) >= 1 and all(
         (x["inputs"] == y["inputs"]).all() for x, y in zip(a, b, strict=True))
     packed_tokens = sum(int((r["inputs"] != 0).sum()) for r in a)
@@ -90,8 +90,7 @@ def test_pack_dataset_is_deterministic_and_drops_nothing_on_tiny_input():
 
 def test_encoder_decoder_features():
     examples = example_stream(50, seed=3)
-    lengths = {"inputs": 40, "targets": 12}
-    ds = C.get_feature_converter("encoder_decoder")(to_dataset(examples), lengths)
+    ds = C.get_feature_converter("encoder_decoder")(to_dataset(examples), LENGTHS)
     assert set(ds.element_spec) == {
         "encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens",
         "decoder_loss_weights", "encoder_segment_ids", "decoder_segment_ids",
@@ -116,9 +115,8 @@ def test_encoder_decoder_features():
 @pytest.mark.parametrize("family", ["prefix_lm", "decoder_only"])
 def test_prefix_lm_and_concat_lm_masks(family):
     examples = example_stream(40, seed=4)
-    lengths = {"inputs": 40, "targets": 12}
     converter = C.get_feature_converter(family, has_inputs=True)
-    rows = list(converter(to_dataset(examples), lengths).as_numpy_iterator())
+    rows = list(converter(to_dataset(examples), LENGTHS).as_numpy_iterator())
     by_first_token = {int(e["inputs"][0]): e for e in examples}
     assert ("decoder_causal_attention" in rows[0]) == (family == "prefix_lm")
     checked = 0
@@ -159,8 +157,7 @@ def test_targets_only_tasks():
 
 def test_unpacked_pads_without_segments():
     examples = example_stream(5, seed=5)
-    ds = C.get_feature_converter("encoder_decoder", pack=False)(
-        to_dataset(examples), {"inputs": 40, "targets": 12})
+    ds = C.get_feature_converter("encoder_decoder", pack=False)(to_dataset(examples), LENGTHS)
     rows = list(ds.as_numpy_iterator())
     assert len(rows) == 5 and "encoder_segment_ids" not in rows[0]
     assert (rows[0]["encoder_input_tokens"][: len(examples[0]["inputs"])] ==

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,13 +18,7 @@ seeds = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1))
 
 def runs(mask: np.ndarray) -> list[tuple[bool, int]]:
     """Run-length encoding: [(value, length), ...]."""
-    out: list[tuple[bool, int]] = []
-    for v in mask.tolist():
-        if out and out[-1][0] == v:
-            out[-1] = (v, out[-1][1] + 1)
-        else:
-            out.append((v, 1))
-    return out
+    return [(v, len(list(group))) for v, group in itertools.groupby(mask.tolist())]
 
 
 @SETTINGS

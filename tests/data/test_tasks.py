@@ -16,17 +16,15 @@ from t5x_like.data import objectives as O
 from t5x_like.data import tasks
 
 SMALL = {"inputs": 64, "targets": 16}
+DECODER = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
+           "decoder_segment_ids", "decoder_positions")
 FEATURES = {
     "encoder_decoder": {"encoder_input_tokens": 64, "decoder_target_tokens": 16,
                         "decoder_input_tokens": 16, "decoder_loss_weights": 16,
                         "encoder_segment_ids": 64, "encoder_positions": 64,
                         "decoder_segment_ids": 16, "decoder_positions": 16},
-    "decoder_only": {k: 80 for k in ("decoder_target_tokens", "decoder_input_tokens",
-                                     "decoder_loss_weights", "decoder_segment_ids",
-                                     "decoder_positions")},
-    "prefix_lm": {k: 80 for k in ("decoder_target_tokens", "decoder_input_tokens",
-                                  "decoder_loss_weights", "decoder_segment_ids",
-                                  "decoder_positions", "decoder_causal_attention")},
+    "decoder_only": dict.fromkeys(DECODER, 80),
+    "prefix_lm": dict.fromkeys((*DECODER, "decoder_causal_attention"), 80),
 }
 GIN_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "gin", "objectives")
 
@@ -116,10 +114,8 @@ def tiny_task():
     source = seqio.FunctionDataSource(
         lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices({"text": texts}),
         splits=("train", "validation"))
-    names = {}
-    for objective in ("full_lm", "span_corruption"):
-        names[objective] = tasks.register_task(f"test_tiny_{objective}",
-                                               tasks.OBJECTIVES[objective], "tiny", source)
+    names = {o: tasks.register_task(f"test_tiny_{o}", tasks.OBJECTIVES[o], "tiny", source)
+             for o in ("full_lm", "span_corruption")}
     return texts, names
 
 

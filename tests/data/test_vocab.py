@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import unicodedata
 
 import pytest
@@ -10,12 +11,7 @@ from t5x_like.data import corpus, vocab
 
 
 def _validation_texts(data_dir, n=40):
-    texts = []
-    for text in corpus.iter_split_texts("validation", data_dir):
-        texts.append(text)
-        if len(texts) == n:
-            break
-    return texts
+    return list(itertools.islice(corpus.iter_split_texts("validation", data_dir), n))
 
 
 @pytest.mark.parametrize("fixture,size", [("c4_32k_vocab", 32_100), ("small_vocab", 8_100)])
