@@ -207,8 +207,6 @@ def main() -> int:
         print("REPORT " + json.dumps(report), flush=True)
         return 0
 
-    from t5x_like.aot import gpu
-
     gpu.require_gpu_compiler()
     cache = os.path.join(args.cache_dir, _kernel_src_hash())
     os.makedirs(cache, exist_ok=True)

@@ -523,12 +523,7 @@ def to_hf_model(config: TransformerConfig, params: Any):
     torch, transformers = _require("torch"), _require("transformers")
     cfg = hf_config(config)
     cls_name = cfg.pop("architectures")[0]
-    cfg.pop("model_type")
-    if cls_name == "T5ForConditionalGeneration":
-        hf_cfg = transformers.T5Config(**cfg)
-    else:
-        hf_cfg = transformers.LlamaConfig(**cfg)
-    model = getattr(transformers, cls_name)(hf_cfg)
+    model = getattr(transformers, cls_name)(transformers.AutoConfig.for_model(**cfg))
     state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in
              to_hf(config, params).items()}
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()

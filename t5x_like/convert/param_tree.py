@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from t5x_like.models.config import TransformerConfig
 
@@ -60,14 +61,7 @@ def flatten(tree: Any) -> Flat:
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     """`{'a/b': x}` -> `{'a': {'b': x}}`."""
-    tree: dict[str, Any] = {}
-    for path, leaf in flat.items():
-        node = tree
-        *parents, name = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[name] = leaf
-    return tree
+    return traverse_util.unflatten_dict(dict(flat), sep="/")
 
 
 def param_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:

@@ -88,6 +88,15 @@ class FlashConfig:
             num_warps=self.bwd_num_warps, num_stages=self.bwd_num_stages)
 
 
+def visited_tiles(cfg: FlashConfig) -> int:
+    """(q block, k block) tiles per (batch, head) a kernel computes: all of them, or under a causal
+    mask those on or below the diagonal (prefix / segment skipping is data-dependent)."""
+    if not cfg.causal:
+        return cfg.nq * cfg.nk
+    return sum(min(cfg.nk, (i * cfg.block_q + cfg.block_q - 1) // cfg.block_k + 1)
+               for i in range(cfg.nq))
+
+
 def dot(a: jax.Array, b: jax.Array, *, ta: bool = False, tb: bool = False) -> jax.Array:
     """2-D matmul with optional transposes, fp32 accumulation: op(a) @ op(b)."""
     ca = 0 if ta else 1
@@ -97,16 +106,9 @@ def dot(a: jax.Array, b: jax.Array, *, ta: bool = False, tb: bool = False) -> ja
 
 def side_names(cfg: FlashConfig) -> list[str]:
     """Names of the optional side inputs a kernel receives, in call order."""
-    names = []
-    if cfg.has_seg:
-        names += ["qseg", "kseg"]
-    if cfg.has_prefix:
-        names += ["pq", "pk", "plen"]
-    if cfg.has_rel:
-        names += ["tab"]
-    if cfg.has_bias:
-        names += ["bias"]
-    return names
+    groups = ((cfg.has_seg, ("qseg", "kseg")), (cfg.has_prefix, ("pq", "pk", "plen")),
+              (cfg.has_rel, ("tab",)), (cfg.has_bias, ("bias",)))
+    return [name for present, names in groups if present for name in names]
 
 
 def rel_bucket_tile(cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:

@@ -13,25 +13,6 @@ from t5x_like.kernels.masks import attention_mask
 from t5x_like.kernels.relpos import relative_position_bucket
 
 
-def reference_mask(
-    b: int,
-    lq: int,
-    lk: int,
-    *,
-    causal: bool = False,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    prefix_mask: jax.Array | None = None,
-) -> jax.Array:
-    """Allowed [B, 1, Lq, Lk] bool (`masks.attention_mask` with positions 0..L-1)."""
-    mask = attention_mask(jnp.arange(lq), jnp.arange(lk), causal=causal,
-                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                          q_prefix=prefix_mask, k_prefix=prefix_mask)
-    if mask is None:
-        mask = jnp.ones((lq, lk), bool)
-    return jnp.broadcast_to(mask, (b, lq, lk))[:, None]
-
-
 def reference_rel_bias(
     table: jax.Array, lq: int, lk: int, *, bidirectional: bool, max_distance: int
 ) -> jax.Array:
@@ -73,10 +54,11 @@ def reference_attention(
         ).astype(logits.dtype)
     if bias is not None:
         logits = logits + bias.astype(logits.dtype)
-    mask = reference_mask(
-        b, lq, lk, causal=causal, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        prefix_mask=prefix_mask,
-    )
+    # Allowed [B, 1, Lq, Lk] bool: `masks.attention_mask` with positions 0..L-1.
+    mask = attention_mask(jnp.arange(lq), jnp.arange(lk), causal=causal,
+                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                          q_prefix=prefix_mask, k_prefix=prefix_mask)
+    mask = jnp.broadcast_to(True if mask is None else mask, (b, lq, lk))[:, None]
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     probs = jax.nn.softmax(logits, axis=-1)
     probs = jnp.where(mask, probs, 0)  # fully-masked rows: 0, not a uniform average

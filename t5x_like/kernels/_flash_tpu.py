@@ -21,6 +21,7 @@ for v4, v5e, v5p and v6e (`scripts/compile_tpu_kernels.py`); not yet run on a re
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -56,10 +57,7 @@ def _tile_bytes(shape: tuple[int, ...], itemsize: int) -> int:
     *lead, rows, cols = (1, *shape) if len(shape) == 1 else shape
     sub = 8 * max(1, 4 // itemsize)
     rows, cols = -(-rows // sub) * sub, -(-cols // 128) * 128
-    n = 1
-    for x in lead:
-        n *= x
-    return n * rows * cols * itemsize
+    return math.prod(lead) * rows * cols * itemsize
 
 
 def vmem_footprint(blocks: list[tuple[tuple[int, ...], int]],
@@ -104,11 +102,7 @@ def _call(cfg: FlashConfig, kernel, *, footprint: int, cost: pl.CostEstimate, **
 def visited_fraction(cfg: FlashConfig) -> float:
     """Share of the (q block, k block) tiles a kernel computes: 1, or under a plain causal mask
     only the tiles on or below the diagonal (prefix / segment skipping is data-dependent)."""
-    if not cfg.causal or cfg.has_prefix:
-        return 1.0
-    visited = sum(min(cfg.nk, (i * cfg.block_q + cfg.block_q - 1) // cfg.block_k + 1)
-                  for i in range(cfg.nq))
-    return visited / (cfg.nq * cfg.nk)
+    return 1.0 if cfg.has_prefix else fc.visited_tiles(cfg) / (cfg.nq * cfg.nk)
 
 
 def _cost(cfg: FlashConfig, batch: int, matmuls: int, exps: int, arrays: list) -> pl.CostEstimate:

@@ -31,14 +31,6 @@ def _compiler_params(cfg: FlashConfig):
     return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _visited_tiles(cfg: FlashConfig) -> int:
-    """Tiles [block_q, block_k] per (batch, head) the causal skipping leaves (prefix ignored)."""
-    if not cfg.causal:
-        return cfg.nq * cfg.nk
-    return sum(min(cfg.nk, (i * cfg.block_q + cfg.block_q - 1) // cfg.block_k + 1)
-               for i in range(cfg.nq))
-
-
 def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEstimate:
     """Rough XLA cost hint of one kernel: matmul flops, exps and HBM bytes over visited tiles.
 
@@ -46,7 +38,7 @@ def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEs
     q, dO tiles; dQ 3 matmuls reading k, v tiles. The owned block is read/written once.
     """
     bq, bk, d = cfg.block_q, cfg.block_k, cfg.head_dim_pad
-    tiles = _visited_tiles(cfg) * batch * cfg.num_heads
+    tiles = fc.visited_tiles(cfg) * batch * cfg.num_heads
     matmuls = {"fwd": 2, "dkdv": 4, "dq": 3}[kernel]
     streamed = 2 * (bq if kernel == "dkdv" else bk) * d * itemsize  # two [block, d] per tile
     rel = bq * bk * 4 if cfg.has_rel else 0

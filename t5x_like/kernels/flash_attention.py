@@ -178,13 +178,12 @@ def default_block_sizes(
     if kernel not in ("fwd", "bwd"):
         raise ValueError(f"kernel must be 'fwd' or 'bwd'; got {kernel!r}")
     if backend == "mosaic_tpu":
+        if target.platform != "tpu":
+            return (*_TPU_DEFAULTS, 4, 2)
         from t5x_like.kernels import _flash_tpu
 
-        tpu_default = getattr(_flash_tpu, "default_blocks", None)
-        if tpu_default is not None and target.platform == "tpu":
-            fwd, bwd = tpu_default(target.arch, head_dim)  # ((bq, bk) fwd, (bq, bk) bwd)
-            return (*(fwd if kernel == "fwd" else bwd), 4, 2)
-        return (*_TPU_DEFAULTS, 4, 2)
+        fwd, bwd = _flash_tpu.default_blocks(target.arch, head_dim)  # ((bq, bk) fwd, (bq, bk) bwd)
+        return (*(fwd if kernel == "fwd" else bwd), 4, 2)
     if target.platform != "gpu":
         return (*_INTERPRET_DEFAULTS, 4, 2)
     table = _gpu_table(target.arch)

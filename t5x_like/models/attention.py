@@ -32,10 +32,10 @@ from t5x_like.kernels.masks import attention_mask
 from t5x_like.models.config import NEG_INF, TransformerConfig
 from t5x_like.models.layers import (
     BATCH_LENGTH_EMBED,
-    Dense,
     apply_rope,
     attention_kernel_init,
     constrain,
+    make_dense,
     relative_bias,
 )
 
@@ -401,15 +401,8 @@ class MultiHeadAttention(nn.Module):
             dropout_rng=dropout_rng,
         )
         out = constrain(out, HEAD_AXES).reshape(out.shape[0], out.shape[1], h * d)
-        out = Dense(
-            cfg.emb_dim,
-            ("joined_kv", "embed"),
-            cfg.activation_dtype,
-            cfg.parameter_dtype,
-            kernel_init=attention_kernel_init,
-            name="out",
-        )(out)
-        return constrain(out, BATCH_LENGTH_EMBED)
+        proj = make_dense(cfg, cfg.emb_dim, ("joined_kv", "embed"), "out", attention_kernel_init)
+        return constrain(proj(out), BATCH_LENGTH_EMBED)
 
     def _query_init(self):
         if self.config.attention_scale != 1.0:
@@ -419,14 +412,7 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: jax.Array, heads: int, name: str, init) -> jax.Array:
         cfg = self.config
-        y = Dense(
-            heads * cfg.head_dim,
-            ("embed", "joined_kv"),
-            cfg.activation_dtype,
-            cfg.parameter_dtype,
-            kernel_init=init,
-            name=name,
-        )(x)
+        y = make_dense(cfg, heads * cfg.head_dim, ("embed", "joined_kv"), name, init)(x)
         return constrain(y.reshape(*x.shape[:2], heads, cfg.head_dim), HEAD_AXES)
 
     def _update_cache(self, k: jax.Array, v: jax.Array, spec: MaskSpec):

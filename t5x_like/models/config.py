@@ -76,12 +76,10 @@ class TransformerConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        _check_choice("family", self.family, FAMILIES)
-        _check_choice("position_encoding", self.position_encoding, POSITION_ENCODINGS)
-        _check_choice("norm", self.norm, NORMS)
-        _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
-        _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+        for field, choices in (("family", FAMILIES), ("position_encoding", POSITION_ENCODINGS),
+                               ("norm", NORMS), ("attention_impl", ATTENTION_IMPLS),
+                               ("rope_scaling", ROPE_SCALINGS), ("remat_policy", REMAT_POLICIES)):
+            _check_choice(field, getattr(self, field), choices)
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         for act in self.mlp_activations:
             _check_choice("mlp_activations", act, ACTIVATIONS)

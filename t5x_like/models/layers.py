@@ -89,6 +89,15 @@ class Dense(nn.Module):
         return project(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
+def make_dense(
+    config: TransformerConfig, features: int, axes: tuple[str, str], name: str,
+    kernel_init: Initializer = default_kernel_init,
+) -> Dense:
+    """A `Dense` in the configured activation / parameter dtypes, as a named submodule."""
+    return Dense(features, axes, config.activation_dtype, config.parameter_dtype,
+                 kernel_init=kernel_init, name=name)
+
+
 class RMSNorm(nn.Module):
     """T5's scale-only norm: `x / sqrt(mean(x^2) + eps) * scale`, computed in fp32."""
 
@@ -158,20 +167,11 @@ class MlpBlock(nn.Module):
         hidden = None
         for i, act in enumerate(acts):
             name = "wi" if len(acts) == 1 else f"wi_{i}"
-            h = Dense(
-                cfg.mlp_dim,
-                ("embed", "mlp"),
-                cfg.activation_dtype,
-                cfg.parameter_dtype,
-                name=name,
-            )(x)
-            h = _ACTIVATIONS[act](h)
+            h = _ACTIVATIONS[act](make_dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name)(x))
             hidden = h if hidden is None else hidden * h
         hidden = constrain(hidden, BATCH_LENGTH_MLP)
         hidden = nn.Dropout(cfg.dropout_rate)(hidden, deterministic=deterministic)
-        out = Dense(
-            cfg.emb_dim, ("mlp", "embed"), cfg.activation_dtype, cfg.parameter_dtype, name="wo"
-        )(hidden)
+        out = make_dense(cfg, cfg.emb_dim, ("mlp", "embed"), "wo")(hidden)
         return constrain(out, BATCH_LENGTH_EMBED)
 
 

@@ -377,13 +377,10 @@ class EncoderDecoderModel(BaseModel):
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         size = enc.shape[0]
         if "decoder_input_tokens" not in batch:
-            return {
-                "encoder_input_tokens": enc,
-                "decoder_input_tokens": jnp.zeros((size, 1), jnp.int32),
-                "prompt_lengths": jnp.ones((size,), jnp.int32),
-            }
-        forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
-        lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
+            forced, lengths = jnp.zeros((size, 1), jnp.int32), jnp.ones((size,), jnp.int32)
+        else:
+            forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
+            lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
         return {
             "encoder_input_tokens": enc,
             "decoder_input_tokens": forced,

@@ -24,12 +24,11 @@ from t5x_like.models.attention import MaskSpec, MultiHeadAttention, make_mask_sp
 from t5x_like.models.config import TransformerConfig
 from t5x_like.models.layers import (
     BATCH_LENGTH_EMBED,
-    Dense,
     Embed,
     MlpBlock,
     RelativePositionBias,
     constrain,
-    default_kernel_init,
+    make_dense,
     make_norm,
     make_position_embedder,
     make_token_embedder,
@@ -156,29 +155,43 @@ class Encoder(nn.Module):
         positions: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        cfg = self.config
-        positions = _default_positions(tokens, positions)
-        x = _embed(self, self.shared_embedding, tokens, positions, deterministic)
-        spec = encoder_spec(cfg, segment_ids, RelativePositionBias(cfg, name="relpos_bias"))
-        x = run_layers(
-            EncoderLayer, cfg, cfg.num_encoder_layers, x, spec, positions,
-            deterministic=deterministic,
-        )  # fmt: skip
-        x = make_norm(cfg, "encoder_norm")(x)
-        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        return _encode(self, self.shared_embedding, tokens, segment_ids, positions, deterministic,
+                       layer=EncoderLayer, relpos="relpos_bias")
 
 
-def encoder_spec(config: TransformerConfig, segment_ids: jax.Array, relpos: nn.Module) -> MaskSpec:
-    """Fully-visible self-attention within each segment, bidirectional relative bias."""
-    table = relpos() if config.position_encoding == "relative" else None
-    return make_mask_spec(
+def _encode(
+    module: nn.Module,
+    embedder: Embed,
+    tokens: jax.Array,
+    segment_ids: jax.Array,
+    positions: jax.Array | None,
+    deterministic: bool,
+    *,
+    layer: type[nn.Module],
+    relpos: str,
+    no_cross: tuple = (),
+) -> jax.Array:
+    """An encoder pass `[B, Li] -> [B, Li, embed]` of `num_encoder_layers` `layer`s: fully-visible
+    self-attention within each segment, bidirectional relative bias (table `relpos`), then
+    `encoder_norm`. `no_cross`: the `(cross_spec, encoded)` Nones of a `DecoderLayer`."""
+    cfg = module.config
+    positions = _default_positions(tokens, positions)
+    x = _embed(module, embedder, tokens, positions, deterministic)
+    relpos_bias = RelativePositionBias(cfg, name=relpos)
+    spec = make_mask_spec(
         q_segment_ids=segment_ids,
         kv_segment_ids=segment_ids,
-        rel_table=table,
+        rel_table=relpos_bias() if cfg.position_encoding == "relative" else None,
         rel_bidirectional=True,
-        rel_max_distance=config.relative_attention_max_distance,
-        impl=config.attention_impl,
+        rel_max_distance=cfg.relative_attention_max_distance,
+        impl=cfg.attention_impl,
     )
+    x = run_layers(
+        layer, cfg, cfg.num_encoder_layers, x, spec, *no_cross, positions,
+        deterministic=deterministic,
+    )  # fmt: skip
+    x = make_norm(cfg, "encoder_norm")(x)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
@@ -215,7 +228,8 @@ class Decoder(nn.Module):
         if embedder is None:
             embedder = make_token_embedder(cfg)
         if as_encoder:
-            return self._encode(embedder, tokens, segment_ids, positions, deterministic)
+            return _encode(self, embedder, tokens, segment_ids, positions, deterministic,
+                           layer=DecoderLayer, relpos="encoder_relpos_bias", no_cross=(None, None))
         relpos = RelativePositionBias(cfg, name="relpos_bias")
         table = relpos() if cfg.position_encoding == "relative" else None
         if decode == "step":
@@ -295,27 +309,8 @@ class Decoder(nn.Module):
         if cfg.logits_via_embedding:
             logits = embedder.attend(x) / jnp.sqrt(jnp.asarray(cfg.emb_dim, x.dtype))
         else:
-            logits = Dense(
-                cfg.vocab_size,
-                ("embed", "vocab"),
-                cfg.activation_dtype,
-                cfg.parameter_dtype,
-                kernel_init=default_kernel_init,
-                name="logits_dense",
-            )(x)
+            logits = make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), "logits_dense")(x)
         return logits.astype(jnp.float32)
-
-    def _encode(self, embedder, tokens, segment_ids, positions, deterministic):
-        cfg = self.config
-        positions = _default_positions(tokens, positions)
-        x = _embed(self, embedder, tokens, positions, deterministic)
-        spec = encoder_spec(cfg, segment_ids, RelativePositionBias(cfg, name="encoder_relpos_bias"))
-        x = run_layers(
-            DecoderLayer, cfg, cfg.num_encoder_layers, x, spec, None, None, positions,
-            deterministic=deterministic,
-        )  # fmt: skip
-        x = make_norm(cfg, "encoder_norm")(x)
-        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class EncoderDecoder(nn.Module):

@@ -121,13 +121,9 @@ def _logits_fn(config: TransformerConfig):
     return jax.jit(make_model(config).logits)
 
 
-def ours_enc_dec(config, params, batch=None):
-    batch = ENC_DEC if batch is None else batch
-    return np.asarray(_logits_fn(config)(params, batch))
-
-
-def ours_lm(config, params, batch=None):
-    batch = LM if batch is None else batch
+def ours_logits(config, params, batch=None):
+    """Our logits on `batch`, by default the unpacked `ENC_DEC` or `LM` batch of the family."""
+    batch = (ENC_DEC if config.has_encoder else LM) if batch is None else batch
     return np.asarray(_logits_fn(config)(params, batch))
 
 
@@ -155,6 +151,10 @@ def packed_diff(packed: np.ndarray, unpacked: np.ndarray, slices) -> float:
                for i, s in enumerate(slices))
 
 
+def hf_state(model) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
 def assert_same_tree(a, b) -> None:
     fa, fb = pt.flatten(a), pt.flatten(b)
     assert fa.keys() == fb.keys()
@@ -179,11 +179,11 @@ def test_t5x_roundtrip_identical_params_and_packed_logits():
     tree = interop.to_t5x(params, V11)  # nested
     back = interop.from_t5x({"target": tree}, V11)  # T5X train-state wrapper
     assert_same_tree(params, back)
-    a = ours_enc_dec(V11, params, PACKED_ENC_DEC)
-    b = ours_enc_dec(V11, back, PACKED_ENC_DEC)
+    a = ours_logits(V11, params, PACKED_ENC_DEC)
+    b = ours_logits(V11, back, PACKED_ENC_DEC)
     np.testing.assert_array_equal(a, b)
     # Packing is exact: each packed example equals the same example run on its own.
-    assert packed_diff(a, ours_enc_dec(V11, params), PACKED_SLICES_ENC_DEC) < TOL
+    assert packed_diff(a, ours_logits(V11, params), PACKED_SLICES_ENC_DEC) < TOL
     # The config is recoverable from the tree alone.
     assert interop.config_from_t5x(tree, dtype="float32", dropout_rate=0.0) == V11
     assert interop.config_from_t5x(interop.to_t5x(random_params(V10), V10)).replace(
@@ -201,8 +201,8 @@ def test_t5x_scanned_layout_and_our_scan_layers():
     # Into our scanned model (layer axis 0) and back into the unscanned one.
     ours_scanned = interop.from_t5x(scanned, V11.replace(scan_layers=True))
     assert ours_scanned["decoder"]["layers"]["mlp"]["wo"]["kernel"].shape == (2, 24, 16)
-    a = ours_enc_dec(V11, params, PACKED_ENC_DEC)
-    b = ours_enc_dec(V11.replace(scan_layers=True), ours_scanned, PACKED_ENC_DEC)
+    a = ours_logits(V11, params, PACKED_ENC_DEC)
+    b = ours_logits(V11.replace(scan_layers=True), ours_scanned, PACKED_ENC_DEC)
     assert np.abs(a - b).max() < TOL
     back = interop.from_t5x(interop.to_t5x(ours_scanned), V11)
     assert_same_tree(params, back)
@@ -217,7 +217,7 @@ def test_t5x_shared_encoder_decoder_is_spelled_out():
                                   tree["decoder/layers_1/self_attention/key/kernel"])
     assert_same_tree(params, interop.from_t5x(tree, shared))
     unshared = interop.from_t5x(tree, V11)
-    diff = np.abs(ours_enc_dec(shared, params) - ours_enc_dec(V11, unshared))
+    diff = np.abs(ours_logits(shared, params) - ours_logits(V11, unshared))
     assert diff[DEC_TGT > 0].max() < TOL
     tree["encoder/layers_0/mlp/wo/kernel"] = tree["encoder/layers_0/mlp/wo/kernel"] + 1.0
     with pytest.raises(ConversionError, match="encoder/layers_0/mlp/wo/kernel differs"):
@@ -266,19 +266,15 @@ def test_hf_t5_to_ours_and_back(version):
     config, params = interop.from_hf(model, dtype="float32")
     assert config == (V11 if version == "v1.1" else V10)
     hf = hf_t5_logits(model)
-    assert max_diff(ours_enc_dec(config, params), hf, DEC_TGT > 0) < TOL
-    packed = ours_enc_dec(config, params, PACKED_ENC_DEC)
+    assert max_diff(ours_logits(config, params), hf, DEC_TGT > 0) < TOL
+    packed = ours_logits(config, params, PACKED_ENC_DEC)
     assert packed_diff(packed, hf, PACKED_SLICES_ENC_DEC) < TOL
-    state = interop.to_hf(config, params)
-    reference = model.state_dict()
-    assert state.keys() == reference.keys()
-    for name, value in reference.items():
-        np.testing.assert_array_equal(state[name], value.numpy(), err_msg=name)
+    assert_same_tree(interop.to_hf(config, params), hf_state(model))
 
 
 def test_ours_to_hf_t5_via_safetensors(tmp_path):
     params = random_params(V11, seed=1)
-    ours = ours_enc_dec(V11, params)
+    ours = ours_logits(V11, params)
     assert max_diff(ours, hf_t5_logits(interop.to_hf_model(V11, params)), DEC_TGT > 0) < TOL
     interop.save_hf(V11, params, str(tmp_path))
     loaded = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
@@ -288,7 +284,7 @@ def test_ours_to_hf_t5_via_safetensors(tmp_path):
     assert_same_tree(params, back)
     # v1.0 (tied, rescaled head) from our side too.
     params10 = random_params(V10, seed=2)
-    diff = max_diff(ours_enc_dec(V10, params10), hf_t5_logits(interop.to_hf_model(V10, params10)),
+    diff = max_diff(ours_logits(V10, params10), hf_t5_logits(interop.to_hf_model(V10, params10)),
                     DEC_TGT > 0)
     assert diff < TOL
 
@@ -316,12 +312,9 @@ def test_hf_llama_gqa_to_ours_and_back():
     config, params = interop.from_hf(model, dtype="float32")
     assert config == LLAMA
     hf = hf_lm_logits(model)
-    assert max_diff(ours_lm(config, params), hf, LM_TGT > 0) < TOL
-    assert packed_diff(ours_lm(config, params, PACKED_LM), hf, PACKED_SLICES_LM) < TOL
-    state = interop.to_hf(config, params)
-    assert state.keys() == model.state_dict().keys()
-    for name, value in model.state_dict().items():
-        np.testing.assert_array_equal(state[name], value.numpy(), err_msg=name)
+    assert max_diff(ours_logits(config, params), hf, LM_TGT > 0) < TOL
+    assert packed_diff(ours_logits(config, params, PACKED_LM), hf, PACKED_SLICES_LM) < TOL
+    assert_same_tree(interop.to_hf(config, params), hf_state(model))
 
 
 @pytest.mark.parametrize("changes", [{}, {"rope_scaling": "linear", "rope_scaling_factor": 2.0,
@@ -330,7 +323,7 @@ def test_ours_to_hf_llama(changes):
     config = LLAMA.replace(**changes)
     params = random_params(config, seed=3)
     hf = hf_lm_logits(interop.to_hf_model(config, params))
-    assert max_diff(ours_lm(config, params), hf, LM_TGT > 0) < TOL
+    assert max_diff(ours_logits(config, params), hf, LM_TGT > 0) < TOL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +333,7 @@ def test_hf_errors_are_clear():
     with pytest.raises(ConversionError, match="unsupported Hugging Face architecture.*bert"):
         interop.from_hf({}, {"model_type": "bert", "architectures": ["BertModel"]})
     model = make_hf_llama()
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    state = hf_state(model)
     cfg = model.config.to_dict()
     wrong = dict(state, **{"model.layers.1.mlp.up_proj.weight": np.zeros((40, 32), np.float32)})
     with pytest.raises(ConversionError, match="shape mismatch for 'decoder/layers_1/mlp/wi_1/"):
@@ -364,7 +357,7 @@ def test_cli_hf_to_ours_to_hf(tmp_path):
     assert config == V11
     abstract = interop.from_hf(model, dtype="float32")[1]
     loaded = load_params(os.path.join(ours_dir, "params"), abstract)
-    assert max_diff(ours_enc_dec(config, loaded), hf_t5_logits(model), DEC_TGT > 0) < TOL
+    assert max_diff(ours_logits(config, loaded), hf_t5_logits(model), DEC_TGT > 0) < TOL
     rc = convert.main(["--from", "ours", "--to", "hf", "--input", os.path.join(ours_dir, "params"),
                        "--output", out_dir, "--gin_file", os.path.join(ours_dir, "config.gin")])
     assert rc == 0

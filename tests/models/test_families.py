@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from t5x_like.models import TransformerConfig, make_model
 
@@ -183,7 +184,7 @@ def test_prefix_is_fully_visible_only_with_prefix_attention():
 
 def test_t5x_parameter_names():
     params = setup("t5_v1_1")[3]
-    flat = {"/".join(k) for k in flatten(params)}
+    flat = set(flatten_dict(params, sep="/"))
     enc = "encoder/layers_0/"
     dec = "decoder/layers_1/"
     expected = {
@@ -208,7 +209,7 @@ def test_t5x_parameter_names():
     assert expected <= flat
     assert params["encoder"]["layers_0"]["attention"]["query"]["kernel"].shape == (32, 32)
     assert params["encoder"]["relpos_bias"]["rel_embedding"].shape == (4, 32)
-    lm = {"/".join(k) for k in flatten(setup("lm_rope_gqa")[3])}
+    lm = set(flatten_dict(setup("lm_rope_gqa")[3], sep="/"))
     assert "decoder/token_embedder/embedding" in lm
     assert "decoder/relpos_bias/rel_embedding" not in lm  # RoPE
     assert setup("lm_rope_gqa")[3]["decoder"]["layers_0"]["self_attention"]["key"][
@@ -265,11 +266,3 @@ def test_dropout_only_with_rng():
     a = logits(params, batch, jax.random.key(1, impl="rbg"))
     b = logits(params, batch, jax.random.key(2, impl="rbg"))
     assert np.abs(np.asarray(a - b)).max() > 1e-4
-
-
-def flatten(tree, prefix=()):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from flatten(value, prefix + (key,))
-        else:
-            yield prefix + (key,)
