@@ -190,21 +190,15 @@ def render(data: dict) -> str:
         lines += [f"## {r['row']}", "",
                   "| | " + " | ".join(k.removeprefix("downstream_") for k in keys) + " |",
                   "|---|" + "---|" * len(keys)]
-        for label, block in (("mean (sweep seeds)", "sweep_seeds"),):
-            lines.append(f"| {label} | " + " | ".join(_f(r[block][k]["mean"]) for k in keys)
-                         + " |")
-        lines.append("| majority baseline | " + " | ".join(
-            _f(r["baseline"].get(k)) if k != "suite" else
-            _f(statistics.fmean(r["baseline"].values())) for k in keys) + " |")
-        lines.append("| std, sweep seeds | " + " | ".join(
-            _f(r["sweep_seeds"][k]["std"]) for k in keys) + " |")
-        lines.append("| std, fine-tuning seeds | " + " | ".join(
-            _f(r["finetune_seeds"][k]["std"]) for k in keys) + " |")
-        lines.append("| std, pre-training seed (derived) | " + " | ".join(
-            _f(r["pretrain_seed_std"][k]) for k in keys) + " |")
-        if r["test_sample_std"]:
-            lines.append("| std, test sample | " + " | ".join(
-                _f(r["test_sample_std"][k]) for k in keys) + " |")
+        baseline = {**r["baseline"], "suite": statistics.fmean(r["baseline"].values())}
+        table = [("mean (sweep seeds)", {k: r["sweep_seeds"][k]["mean"] for k in keys}),
+                 ("majority baseline", baseline),
+                 ("std, sweep seeds", {k: r["sweep_seeds"][k]["std"] for k in keys}),
+                 ("std, fine-tuning seeds", {k: r["finetune_seeds"][k]["std"] for k in keys}),
+                 ("std, pre-training seed (derived)", r["pretrain_seed_std"]),
+                 ("std, test sample", r["test_sample_std"])]
+        lines += [f"| {label} | " + " | ".join(_f(values.get(k)) for k in keys) + " |"
+                  for label, values in table if values]
         lines += ["", "Suite average per sweep seed: "
                   + ", ".join(_f(v) for v in r["sweep_seeds"]["suite"]["values"])
                   + "; per fine-tuning seed: "

@@ -26,10 +26,14 @@ the gin config exit with status 2 and a message naming the problem.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import logging
 import math
 import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -396,8 +400,6 @@ def read_inputs(path: str) -> list[dict[str, str]]:
     .json file (JSON lines with field 'inputs', optional 'targets'; a .json file may also hold one
     array of such objects). Empty / non-UTF-8 / malformed files, and JSON in a file named like
     text: InferenceError."""
-    import json
-
     if not os.path.isfile(path):
         raise InferenceError(f"input file not found: {path}")
     with open(path, "rb") as f:
@@ -445,8 +447,6 @@ def read_inputs(path: str) -> list[dict[str, str]]:
 
 
 def _looks_like_json_object(line: str) -> bool:
-    import json
-
     if not line.lstrip().startswith("{"):
         return False
     try:
@@ -503,10 +503,8 @@ def task_examples(name: str, split: str, predictor: Predictor,
     return rows
 
 
-def build_parser() -> Any:
+def build_parser() -> argparse.ArgumentParser:
     """Flags of `python -m t5x_like.infer` (`--gin.K=V` is handled by cli.split_gin_flags)."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m t5x_like.infer",
                                 description="Decode (and score) text with a trained model.")
     p.add_argument("--checkpoint", required=True, help="model dir or model_dir/checkpoints/STEP")
@@ -538,10 +536,6 @@ def build_parser() -> Any:
 
 def main(argv: Sequence[str]) -> int:
     """CLI entry point; returns the exit status (2: bad checkpoint, input, task or config)."""
-    import json
-    import sys
-    import time
-
     try:
         rest, gin_flags = cli.split_gin_flags(argv)
         args = build_parser().parse_args(rest)
@@ -581,6 +575,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

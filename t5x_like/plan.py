@@ -40,11 +40,12 @@ temporaries (collective buffers, fusion workspaces). ``tests/test_plan.py`` comp
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -155,6 +156,31 @@ def _is_elementwise(eqn: Any) -> bool:
             and all(_is_elementwise(e) for e in inner.eqns))
 
 
+def _roots(v: Any, producer: Mapping[int, Any], done: Callable[[int], bool],
+           gathered: frozenset[int] | set[int]) -> dict[int, Any] | None:
+    """The roots ``v`` is recomputed from: the nearest values upstream through elementwise ops
+    only that are not elementwise outputs (matmul / reduction / gather outputs), by id; values
+    whose id is ``done`` (inputs, already stored) are not walked. None when the chain reads a
+    ``gathered`` weight (XLA stores such a residual)."""
+    found: dict[int, Any] = {}
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if not hasattr(x, "aval") or id(x) in seen:  # literals
+            continue
+        seen.add(id(x))
+        if id(x) in gathered and x is not v:
+            return None
+        if done(id(x)):
+            continue
+        eqn = producer.get(id(x))
+        if eqn is None or not _is_elementwise(eqn):
+            found[id(x)] = x
+        else:
+            stack.extend(eqn.invars)
+    return found
+
+
 def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any],
                            gathered: frozenset[int] | set[int] = frozenset()) -> list[Any]:
     """What an accelerator compiler keeps of ``residuals``: each residual is either stored or
@@ -176,31 +202,11 @@ def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any],
     producer = {id(o): e for e in jaxpr.eqns for o in e.outvars}
     free = {id(v) for v in (*jaxpr.invars, *jaxpr.constvars)}
     stored: dict[int, Any] = {}
-
-    def missing_roots(v: Any) -> dict[int, Any] | None:
-        """Roots not yet stored; None when the chain reads a gathered weight."""
-        found: dict[int, Any] = {}
-        stack, seen = [v], set()
-        while stack:
-            x = stack.pop()
-            if not hasattr(x, "aval") or id(x) in seen:  # literals
-                continue
-            seen.add(id(x))
-            if id(x) in gathered and x is not v:
-                return None
-            if id(x) in free or id(x) in stored:
-                continue
-            eqn = producer.get(id(x))
-            if eqn is None or not _is_elementwise(eqn):
-                found[id(x)] = x
-            else:
-                stack.extend(eqn.invars)
-        return found
-
     for v in sorted(residuals, key=lambda r: order.get(id(r), -1)):
         if id(v) in stored or id(v) in free:
             continue
-        roots = missing_roots(v)
+        # Roots not yet stored; None when the chain reads a gathered weight.
+        roots = _roots(v, producer, lambda i: i in free or i in stored, gathered)
         if (roots is not None and id(v) not in roots
                 and sum(_nbytes(r.aval) for r in roots.values()) < _nbytes(v.aval)):
             stored.update(roots)
@@ -219,32 +225,12 @@ def _fusion_roots_shared(jaxpr: Any, residuals: Sequence[Any],
     separate residuals)."""
     producer = {id(o): e for e in jaxpr.eqns for o in e.outvars}
     inputs = {id(v) for v in (*jaxpr.invars, *jaxpr.constvars)}
-
-    def roots(v: Any) -> dict[int, Any]:
-        found: dict[int, Any] = {}
-        stack, seen = [v], set()
-        while stack:
-            x = stack.pop()
-            if id(x) in gathered and x is not v:
-                return {id(v): v}  # stored: XLA does not recompute from a collective's output
-            if not hasattr(x, "aval") or id(x) in seen or id(x) in inputs:
-                continue
-            seen.add(id(x))
-            eqn = producer.get(id(x))
-            if eqn is None or not _is_elementwise(eqn):
-                found[id(x)] = x
-            else:
-                stack.extend(eqn.invars)
-        return found
-
     by_id = {id(v): v for v in residuals}
-    need = {k: roots(v) for k, v in by_id.items()}
+    walked = {k: _roots(v, producer, inputs.__contains__, gathered) for k, v in by_id.items()}
+    # None: stored, as XLA does not recompute from a collective's output.
+    need = {k: {k: by_id[k]} if rs is None else rs for k, rs in walked.items()}
     kept = {k for k, rs in need.items() if rs.keys() == {k}}
-    count: dict[int, int] = {}
-    for k, rs in need.items():
-        if k not in kept:
-            for r in rs:
-                count[r] = count.get(r, 0) + 1
+    count = collections.Counter(r for k, rs in need.items() if k not in kept for r in rs)
     for k in sorted(set(need) - kept, key=lambda k: -_nbytes(by_id[k].aval)):
         own = sum(_nbytes(r.aval) for rk, r in need[k].items()
                   if count[rk] == 1 and rk not in kept)
@@ -416,9 +402,7 @@ def plan(
         raise ValueError(f"remat={remat!r}; choose one of {REMAT_POLICIES}")
     rules = P.logical_axis_rules(preset)
     amesh = AbstractMesh(shape, P.MESH_AXES)
-    batch_axes = nn.logical_to_mesh_axes(("activation_batch",), rules)[0]
-    shards = math.prod(amesh.shape[a] for a in ((batch_axes,) if isinstance(batch_axes, str)
-                                                else batch_axes or ()))
+    shards = P.batch_shard_count(amesh, rules)
     if batch_size % (shards * num_microbatches):
         raise ValueError(f"batch_size={batch_size} not divisible by {shards} batch shards x "
                          f"{num_microbatches} microbatches (mesh {shape}, preset {preset!r})")
@@ -525,9 +509,8 @@ def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
                           num_microbatches=mb, device_memory_gb=device_memory_gb)
             for policy in ("none", "minimal", "full"):
                 if result["bytes_per_device"]["total"][policy] <= headroom * device_memory_gb * GIB:
-                    result.update(remat=policy, sharding=name,
+                    result.update(remat=policy, sharding=name, fits=True,
                                   total_bytes=result["bytes_per_device"]["total"][policy])
-                    result["fits"] = True
                     return result
             mb *= 2
     return None
@@ -611,12 +594,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m t5x_like.plan``; returns the exit status."""
     from t5x_like.train import cli
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        rest, gin_flags = cli.split_gin_flags(argv)
-    except cli.ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     p = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__.split("\n")[0])
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
@@ -636,8 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--compiler", default="accelerator", choices=COMPILERS,
                    help="activation model: XLA:TPU/GPU fusion (default) or XLA:CPU")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(rest)
     try:
+        rest, gin_flags = cli.split_gin_flags(sys.argv[1:] if argv is None else argv)
+        args = p.parse_args(rest)
         cli.parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags])
         config = TransformerConfig()
         lengths = (_parse_lengths(args.sequence_length) if args.sequence_length

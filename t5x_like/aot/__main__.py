@@ -124,12 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     log(f"[aot] target {target.description}")
     bindings = [*args.gin_bindings, *gin_flags]
-    bad = [o for o in args.xla_option if "=" not in o]
-    if bad:
-        print(f"error: --xla_option {bad[0]!r}: expected KEY=VALUE", file=sys.stderr)
-        return 2
-    options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.xla_option)}
     try:
+        bad = [o for o in args.xla_option if "=" not in o]
+        if bad:
+            raise ValueError(f"--xla_option {bad[0]!r}: expected KEY=VALUE")
+        options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.xla_option)}
         cli.parse_gin(args.gin_file, bindings, args.gin_search_paths)
         report = A.run_report(target, STEPS[args.step], gin_files=args.gin_file,
                               bindings=bindings, with_plan=not args.no_plan, log=log,

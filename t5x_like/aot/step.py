@@ -413,10 +413,8 @@ def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
 
 def batch_bytes_per_device(run: Run) -> int:
     """Bytes of one device's shard of the global batch."""
-    total = 0
-    for v in abstract_batch(run).values():
-        total += math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize
-    return total
+    return sum(math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize
+               for v in abstract_batch(run).values())
 
 
 def compare(plan_est: Mapping[str, Any], train: Mapping[str, Any],
@@ -528,6 +526,8 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
                compiler_options: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Everything `python -m t5x_like.aot` reports for an already-parsed gin config."""
     out = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    import jax
+
     from t5x_like.train import partitioning as P
 
     run = build_run(target)
@@ -541,7 +541,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
         "config": {"gin_files": list(gin_files), "bindings": list(bindings),
                    "family": run.model.family,
                    "num_params": sum(math.prod(a.shape) for a in
-                                     _leaves(run.state.abstract["params"])),
+                                     jax.tree.leaves(run.state.abstract["params"])),
                    "attention_impl": cfg.attention_impl, "remat": cfg.remat_policy,
                    "optimizer": run.optimizer_name, "batch_size": run.batch_size,
                    "num_microbatches": run.num_microbatches,
@@ -572,9 +572,3 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
         report["calibration"] = ratio or 1.0
         report["suggestion"] = suggest_fit(run, target, ratio)
     return report
-
-
-def _leaves(tree: Any) -> list[Any]:
-    import jax
-
-    return jax.tree.leaves(tree)

@@ -112,11 +112,6 @@ def split_row(entries: Sequence[str]) -> tuple[list[str], list[str]]:
     return files, bindings
 
 
-def architecture_slug(cfg: object) -> str:
-    """A short name of a TransformerConfig's architecture (`TransformerConfig.slug`)."""
-    return cfg.slug
-
-
 def corpus_task(task: str, corpus: str) -> str:
     """Move an objective's task onto `corpus`: c4like_prefix_lm -> c4_prefix_lm."""
     for known in ("c4like", "c4"):
@@ -143,7 +138,7 @@ def build_cell(sweep_spec: SweepSpec, scale: ScaleSpec, row: str, seed: int) -> 
                  f"train.seed = {int(seed)}"]
         gin.parse_config(extra)  # on top of the parsed files + row bindings (later wins)
         config_hash = hashlib.sha256(gin.config_str().encode()).hexdigest()[:8]
-        arch = architecture_slug(TransformerConfig())
+        arch = TransformerConfig().slug
     except (SweepError, ValueError, KeyError, RuntimeError) as err:
         raise SweepError(f"{where}: {err}") from err
     finally:

@@ -129,12 +129,6 @@ def kendall(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float | Non
     return (None if math.isnan(tau) else tau), (None if math.isnan(p) else p)
 
 
-def ranking(rows: Sequence[Mapping[str, Any]], key: str) -> list[str]:
-    """Row names, best first, by `key` (rows without a value left out)."""
-    scored = [r for r in rows if r.get(key) is not None]
-    return [r["row"] for r in sorted(scored, key=lambda r: -r[key])]
-
-
 def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                 results: Mapping[str, Mapping[str, Any]], sweep_dir: str) -> dict[str, Any]:
     """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau, claims)."""
@@ -166,34 +160,29 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
             "cells": ids[row],
         })
     paired = [r for r in rows if r["ours_mean"] is not None and r["paper"]]
-    tau, p = kendall([r["ours_mean"] for r in paired],
-                     [r["paper"][paper.COMPARE_COLUMN] for r in paired])
-    for r in rows:
-        r["paper_score"] = r["paper"][paper.COMPARE_COLUMN] if r["paper"] else None
+    ours = {r["row"]: r["ours_mean"] for r in paired}
+    theirs = {r["row"]: r["paper"][paper.COMPARE_COLUMN] for r in paired}
+    tau, p = kendall(list(ours.values()), list(theirs.values()))
     tasks = sorted({t for rs in by_row.values() for r in rs for t in r.get("tasks", {})})
     finished = [(row, cell.cell_id) for row, cell in cells_of(cells, spec.table)
                 if cell.cell_id in results]
-    boot = uncertainty(spec, finished, tasks, {r["row"]: r["paper_score"] for r in paired},
-                       sweep_dir)
+    boot = uncertainty(spec, finished, tasks, theirs, sweep_dir)
     for r in rows:
         r["ci"] = boot["row_ci"].get(r["row"]) if boot else None
         r["collapsed"] = boot["collapsed"].get(r["row"]) if boot else None
-    entry = {
+    return {
         "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
         "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
         "kendall_tau_ci": boot["kendall_tau_ci"] if boot else None,
         "claims": boot["claims"] if boot else [],
         "bootstrap_replicates": boot["replicates"] if boot else 0,
-        "ranking_ours": ranking(paired, "ours_mean"),
-        "ranking_paper": ranking(paired, "paper_score"),
+        "ranking_ours": sorted(ours, key=lambda row: -ours[row]),  # best first
+        "ranking_paper": sorted(theirs, key=lambda row: -theirs[row]),
         "paper_table": paper.TABLE_NUMBERS.get(spec.table),
         "baseline_average": _mean([r.get("baseline_average") for rs in by_row.values()
                                    for r in rs]),
         "best_constant": boot["best_constant"] if boot else None,
     }
-    for r in rows:
-        del r["paper_score"]
-    return entry
 
 
 def _num(value: float | None, digits: int = 2) -> str:

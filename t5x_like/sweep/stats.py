@@ -146,11 +146,8 @@ def row_replicates(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
 def point_scores(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
                  tasks: Sequence[str]) -> dict[str, list[float]]:
     """row -> its per-seed suite averages on the full test splits (no resampling)."""
-    out = {}
-    for row, seeds in rows.items():
-        out[row] = [float(np.mean([scores(s[t], np.arange(len(s[t].targets))[None])[0]
-                                   for t in tasks])) for s in seeds]
-    return out
+    return {row: [float(np.mean([scores(s[t], np.arange(len(s[t].targets))[None])[0]
+                                 for t in tasks])) for s in seeds] for row, seeds in rows.items()}
 
 
 def seeds_needed(differences: Sequence[float]) -> int | None:

@@ -82,11 +82,15 @@ class _DropAbandonedReads(logging.Filter):
         return "exception was never retrieved" not in record.getMessage()
 
 
+def _add_filter_once(logger: str, kind: type[logging.Filter]) -> None:
+    log = logging.getLogger(logger)
+    if not any(isinstance(f, kind) for f in log.filters):
+        log.addFilter(kind())
+
+
 def _silence_abandoned_reads() -> None:
     sys.unraisablehook = _drop_abandoned_reads
-    asyncio_log = logging.getLogger("asyncio")
-    if not any(isinstance(f, _DropAbandonedReads) for f in asyncio_log.filters):
-        asyncio_log.addFilter(_DropAbandonedReads())
+    _add_filter_once("asyncio", _DropAbandonedReads)
 
 
 class _DropItemMetadataWarning(logging.Filter):
@@ -101,12 +105,6 @@ class _DropItemMetadataWarning(logging.Filter):
             return True
         step_dir = os.path.dirname(os.path.dirname(msg[len(prefix):]))
         return not os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA"))
-
-
-def _quiet_item_metadata_warning() -> None:
-    absl_log = logging.getLogger("absl")
-    if not any(isinstance(f, _DropItemMetadataWarning) for f in absl_log.filters):
-        absl_log.addFilter(_DropItemMetadataWarning())
 
 
 def _quiet_restore(restore: Callable[[], Any], where: str) -> Any:
@@ -146,21 +144,13 @@ def _quiet_restore(restore: Callable[[], Any], where: str) -> Any:
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
-    parts = []
-    for p in path:
-        key = getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))
-        parts.append(str(key))
-    return "/".join(parts)
+    return "/".join(str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path)
 
 
-def _flat_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    out = {}
-    for path, leaf in flat:
-        shape = tuple(getattr(leaf, "shape", ()) or ())
-        dtype = str(getattr(leaf, "dtype", ""))
-        out[_path_str(path)] = (shape, dtype)
-    return out
+def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """Every leaf's shape by its '/'-joined path."""
+    return {_path_str(path): tuple(getattr(leaf, "shape", ()) or ())
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def compare_trees(expected: Any, found: Any, *, what: str, limit: int = 20) -> None:
@@ -169,11 +159,11 @@ def compare_trees(expected: Any, found: Any, *, what: str, limit: int = 20) -> N
     problems = []
     for key in sorted(exp.keys() | got.keys()):
         if key not in got:
-            problems.append(f"  {key}: missing from checkpoint (model expects {exp[key][0]})")
+            problems.append(f"  {key}: missing from checkpoint (model expects {exp[key]})")
         elif key not in exp:
-            problems.append(f"  {key}: in checkpoint {got[key][0]} but not in the model")
-        elif exp[key][0] != got[key][0]:
-            problems.append(f"  {key}: checkpoint shape {got[key][0]} != model shape {exp[key][0]}")
+            problems.append(f"  {key}: in checkpoint {got[key]} but not in the model")
+        elif exp[key] != got[key]:
+            problems.append(f"  {key}: checkpoint shape {got[key]} != model shape {exp[key]}")
     if problems:
         shown = problems[:limit] + ([f"  ... and {len(problems) - limit} more"]
                                     if len(problems) > limit else [])
@@ -248,14 +238,13 @@ class Checkpointer:
         if step == self._last_saved or step in self.manager.all_steps():
             return False
         self._last_saved = step
-        saved = self.manager.save(
+        return bool(self.manager.save(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state))
             ),
             force=True,
-        )
-        return bool(saved)
+        ))
 
     def wait(self) -> None:
         """Block until pending async saves are complete, then prune stale data states."""
@@ -421,7 +410,7 @@ def load_params(path: str, abstract_params: Any) -> Any:
         )
     state_dir = find_state_dir(path)
     checkpointer = ocp.PyTreeCheckpointer()
-    _quiet_item_metadata_warning()
+    _add_filter_once("absl", _DropItemMetadataWarning)
     try:
         meta = _metadata_tree(checkpointer.metadata(state_dir))
     except Exception as err:  # noqa: BLE001 - orbax raises many types for a broken dir
@@ -429,12 +418,11 @@ def load_params(path: str, abstract_params: Any) -> Any:
     if not isinstance(meta, Mapping) or not meta:
         raise CheckpointUnreadableError(
             state_dir, "its tree metadata (_METADATA) is missing: not a complete orbax checkpoint")
-    has_wrapper = isinstance(meta, Mapping) and "params" in meta and "opt_state" in meta
+    has_wrapper = "params" in meta and "opt_state" in meta
     found = meta["params"] if has_wrapper else meta
-    if isinstance(found, Mapping) and set(found) == {"params"}:
-        found, nested = found["params"], True
-    else:
-        nested = False
+    nested = isinstance(found, Mapping) and set(found) == {"params"}
+    if nested:
+        found = found["params"]
     compare_trees(abstract_params, found, what=f"parameters in {state_dir}")
     target: Any = {"params": abstract_params} if nested else abstract_params
     if has_wrapper:

@@ -44,23 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
 def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Separate ``--gin.KEY=VALUE`` / ``--gin.KEY VALUE`` bindings from the other flags."""
     rest, bindings = [], []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("--gin."):
-            body = a[len("--gin."):]
-            if "=" in body:
-                key, value = body.split("=", 1)
-            elif i + 1 < len(args):
-                key, value = body, args[i + 1]
-                i += 1
-            else:
-                raise ConfigError(f"flag {a} has no value (use --gin.KEY=VALUE)")
-            bindings.append(f"{key}={value}")
-        else:
+    args = iter(argv)
+    for a in args:
+        if not a.startswith("--gin."):
             rest.append(a)
-        i += 1
+        elif "=" in a:
+            bindings.append(a[len("--gin."):])
+        else:
+            value = next(args, None)
+            if value is None:
+                raise ConfigError(f"flag {a} has no value (use --gin.KEY=VALUE)")
+            bindings.append(f"{a[len('--gin.'):]}={value}")
     return rest, bindings
 
 

@@ -86,10 +86,8 @@ class InputPipeline:
     def fresh(self, num_batches: int) -> list[dict[str, jax.Array]]:
         """The first ``num_batches`` batches of a new iterator (same examples every call)."""
         it = iter(self.dataset)
-        batches = []
-        for _ in range(num_batches):
-            batches.append(self.to_global({k: np.asarray(v) for k, v in next(it).items()}))
-        return batches
+        return [self.to_global({k: np.asarray(v) for k, v in next(it).items()})
+                for _ in range(num_batches)]
 
     # -- state -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -131,7 +129,6 @@ class InputPipeline:
                 # still reproducible, so fall back to skipping the consumed batches.
                 log.warning("cannot restore the tf.data iterator (%s); skipping %d batches",
                             str(err).splitlines()[0][:200], n)
-                self._iterator = iter(self.dataset)
         self._iterator = iter(self.dataset.skip(n))
         self._tf_ckpt = None
         self.batches_consumed = n

@@ -30,9 +30,7 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> str | None:
     if all(v in env for v in _SLURM_VARS) and int(env["SLURM_NTASKS"]) > 1:
         return "slurm"
     hosts = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES", "")
-    if hosts.count(",") >= 1:
-        return "tpu"
-    if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    if hosts.count(",") >= 1 or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
         return "tpu"
     if env.get(FORCE_VAR, "").lower() in ("1", "true", "yes"):
         return "auto"
@@ -65,8 +63,7 @@ def initialize(
     mode = launch_mode(coordinator_address, num_processes)
     if mode is None:
         return False
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if "cpu" in platforms.split(",") or platforms == "cpu":
+    if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
         enable_cpu_collectives()
     if mode == "explicit":
         jax.distributed.initialize(

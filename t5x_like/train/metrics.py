@@ -33,10 +33,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 def peak_flops_per_device(device_kind: str) -> float | None:
     """Peak dense bf16 FLOP/s for a device kind, or None when unknown (e.g. CPU)."""
     kind = device_kind.lower()
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in kind:
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in kind), None)
 
 
 def mfu(model_flops_per_second: float, num_devices: int, device_kind: str) -> float | None:

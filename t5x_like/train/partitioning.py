@@ -223,10 +223,7 @@ def create_mesh(
 
 
 def _axes_size(mesh: Mesh, axes: str | tuple[str, ...] | None) -> int:
-    if axes is None:
-        return 1
-    names = (axes,) if isinstance(axes, str) else axes
-    return math.prod(mesh.shape[a] for a in names)
+    return 1 if axes is None else math.prod(mesh.shape[a] for a in _as_tuple(axes))
 
 
 def mesh_spec(
@@ -244,12 +241,9 @@ def mesh_spec(
     spec = nn.logical_to_mesh_axes(tuple(logical), rules)
     out: list[Any] = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=False):
-        if axes is None or any(a not in mesh.shape for a in _as_tuple(axes)):
-            out.append(None)
-        elif dim % _axes_size(mesh, axes) == 0 and _axes_size(mesh, axes) > 1:
-            out.append(axes)
-        else:
-            out.append(None)
+        usable = axes is not None and all(a in mesh.shape for a in _as_tuple(axes))
+        size = _axes_size(mesh, axes) if usable else 1
+        out.append(axes if size > 1 and dim % size == 0 else None)
     return PartitionSpec(*out)
 
 

@@ -64,15 +64,16 @@ def sharded_state(
     )
 
     def init_fn(rng: jax.Array) -> Any:
-        params = nn.unbox(boxed_params(rng))
-        return {
-            "step": jnp.zeros((), jnp.int32),
-            "params": params,
-            "opt_state": optimizer.tx.init(params),
-        }
+        return _fresh_state(nn.unbox(boxed_params(rng)), optimizer)
 
     return ShardedState(abstract=abstract, shardings=shardings, logical_params=logical,
                         init_fn=init_fn)
+
+
+def _fresh_state(params: Any, optimizer: Optimizer) -> Any:
+    """Step 0 around ``params`` with a fresh optimizer state."""
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt_state": optimizer.tx.init(params)}
 
 
 def create_state(plan: ShardedState, rng: jax.Array, mesh: jax.sharding.Mesh,
@@ -86,10 +87,6 @@ def create_state(plan: ShardedState, rng: jax.Array, mesh: jax.sharding.Mesh,
 def state_with_params(plan: ShardedState, params: Any, optimizer: Optimizer,
                       mesh: jax.sharding.Mesh, rules: P.LogicalRules) -> Any:
     """A step-0 state around given (e.g. pre-trained) params with a fresh optimizer state."""
-
-    def build(p: Any) -> Any:
-        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": optimizer.tx.init(p)}
-
-    fn = P.jit_sharded(build, mesh, rules, in_shardings=(plan.shardings["params"],),
-                       out_shardings=plan.shardings)
+    fn = P.jit_sharded(lambda p: _fresh_state(p, optimizer), mesh, rules,
+                       in_shardings=(plan.shardings["params"],), out_shardings=plan.shardings)
     return fn(params)

@@ -323,9 +323,8 @@ def train(
         plan, mesh, rules,
     )
     eval_fn = S.jit_eval_step(S.make_eval_step(model), plan, mesh, rules)
-    eval_data = None
-    if eval_every:
-        eval_data = pipeline(split=eval_split, shuffle=False, checkpoint_iterator=False)
+    eval_data = (pipeline(split=eval_split, shuffle=False, checkpoint_iterator=False)
+                 if eval_every else None)
     write_operative_config(model_dir)
 
     tokens_per_seq = sum(int(v) for v in sequence_length.values())
@@ -338,9 +337,7 @@ def train(
     last: dict[str, float] = {}
 
     def save(step: int, force: bool = False) -> None:
-        if not force and not checkpointer.should_save(step):
-            return
-        if step == checkpointer.last_saved:
+        if (not force and not checkpointer.should_save(step)) or step == checkpointer.last_saved:
             return
         train_data.save_iterator(checkpointer.data_state_path(step))
         if checkpointer.save(step, state, train_data.state(), force=force):

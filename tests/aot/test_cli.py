@@ -108,15 +108,14 @@ def test_bad_targets_exit_2_with_one_line(target, words) -> None:
     assert len(lines) == 1 and words in lines[0], proc.stderr
 
 
-def test_a_batch_the_target_mesh_cannot_split_exits_2() -> None:
-    proc = run_aot("--target=cpu:3", *TINY, timeout=120)  # fsdp over 3 devices, batch 16
-    assert proc.returncode == 2 and "not divisible by the 3 batch shards" in proc.stderr, \
-        proc.stderr
-
-
-def test_bad_gin_binding_exits_2() -> None:
-    proc = run_aot("--target=cpu:8", *TINY, "--gin.train.batch_sise=3", timeout=120)
-    assert proc.returncode == 2 and "batch_size" in proc.stderr, proc.stderr
+@pytest.mark.parametrize("target,flags,words", [
+    ("cpu:3", (), "not divisible by the 3 batch shards"),  # fsdp over 3 devices, batch 16
+    ("cpu:8", ("--gin.train.batch_sise=3",), "batch_size"),
+    ("cpu:8", ("--xla_option=xla_gpu_enable_triton_gemm",), "expected KEY=VALUE"),
+])
+def test_an_unsplittable_batch_a_bad_binding_or_xla_option_exits_2(target, flags, words) -> None:
+    proc = run_aot(f"--target={target}", *TINY, *flags, timeout=120)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
 
 
 def _installed(module: str) -> bool:
@@ -124,12 +123,6 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
-
-
-def test_xla_option_needs_key_value() -> None:
-    proc = run_aot("--target=cpu:8", *TINY, "--xla_option=xla_gpu_enable_triton_gemm",
-                   timeout=120)
-    assert proc.returncode == 2 and "expected KEY=VALUE" in proc.stderr, proc.stderr
 
 
 def test_xla_option_values_are_typed() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,18 @@ def tiny_config(**changes):
     from t5x_like.models import TransformerConfig
 
     return TransformerConfig(**{**TINY_MODEL, **changes})
+
+
+def sharded_plan(model, optimizer, init_batch, mesh_shape, preset):
+    """(mesh, rules, ``train_state.sharded_state``) on the first prod(mesh_shape) devices."""
+    import jax
+
+    from t5x_like.train import partitioning as P
+    from t5x_like.train import train_state as TS
+
+    mesh = P.create_mesh(mesh_shape, devices=jax.devices()[: math.prod(mesh_shape)])
+    rules = P.logical_axis_rules(preset)
+    return mesh, rules, TS.sharded_state(model, optimizer, init_batch, mesh, rules)
 
 
 @pytest.fixture(scope="session")

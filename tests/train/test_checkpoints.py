@@ -11,21 +11,18 @@ import pytest
 
 from t5x_like.models import make_model
 from t5x_like.train import checkpoints as C
-from t5x_like.train import partitioning as P
 from t5x_like.train import train_state as TS
 from t5x_like.train.optimizers import create_optimizer
-from tests.train.conftest import tiny_config
+from tests.train.conftest import sharded_plan, tiny_config
 
 SEQ = {"inputs": 16, "targets": 8}
 
 
 def _setup(mesh_shape, preset, **cfg):
-    devices = jax.devices()[: int(np.prod(mesh_shape))]
-    mesh = P.create_mesh(mesh_shape, devices=devices)
-    rules = P.logical_axis_rules(preset)
     model = make_model(tiny_config(vocab_size=128, **cfg))
     opt = create_optimizer("adafactor")
-    plan = TS.sharded_state(model, opt, model.example_batch(4, SEQ, packed=True), mesh, rules)
+    mesh, rules, plan = sharded_plan(model, opt, model.example_batch(4, SEQ, packed=True),
+                                     mesh_shape, preset)
     return model, opt, mesh, rules, plan
 
 

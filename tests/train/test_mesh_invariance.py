@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 from t5x_like.models import make_model
-from t5x_like.train import partitioning as P
 from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer
-from tests.train.conftest import tiny_config
+from tests.train.conftest import sharded_plan, tiny_config
 
 SEQ = {"inputs": 32, "targets": 8}
 
@@ -27,12 +26,10 @@ def batch() -> dict[str, np.ndarray]:
 
 
 def _one_step(batch, mesh_shape, preset):
-    devices = jax.devices()[: int(np.prod(mesh_shape))]
-    mesh = P.create_mesh(mesh_shape, devices=devices)
-    rules = P.logical_axis_rules(preset)
     model = make_model(tiny_config())
     opt = create_optimizer("adafactor")
-    plan = TS.sharded_state(model, opt, model.example_batch(8, SEQ, packed=True), mesh, rules)
+    mesh, rules, plan = sharded_plan(model, opt, model.example_batch(8, SEQ, packed=True),
+                                     mesh_shape, preset)
     state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     losses = []

@@ -12,11 +12,9 @@ import tensorflow as tf
 
 from t5x_like.models import make_model
 from t5x_like.train import metrics as M
-from t5x_like.train import partitioning as P
-from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer
-from tests.train.conftest import tiny_config
+from tests.train.conftest import sharded_plan, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -59,11 +57,9 @@ def test_step_flops_match_xla_cost_analysis(family) -> None:
                       num_encoder_layers=2, num_decoder_layers=2, family=family)
     model = make_model(cfg)
     seq = {"inputs": 64, "targets": 32} if family == "encoder_decoder" else {"targets": 96}
-    mesh = P.create_mesh((1, 1, 1), devices=jax.devices()[:1])
-    rules = P.logical_axis_rules("data_parallel")
     opt = create_optimizer("adafactor")
     batch = model.example_batch(4, seq)
-    plan = TS.sharded_state(model, opt, batch, mesh, rules)
+    mesh, rules, plan = sharded_plan(model, opt, batch, (1, 1, 1), "data_parallel")
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     batch = {k: np.ones(v.shape, np.int32) for k, v in batch.items()}
     # The lowered (pre-optimisation) HLO's cost analysis: same FLOPs, no compile needed.

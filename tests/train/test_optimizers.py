@@ -9,7 +9,6 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_like.train import partitioning as P
 from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import (
@@ -18,6 +17,7 @@ from t5x_like.train.optimizers import (
     warmup_cosine_schedule,
     warmup_linear_schedule,
 )
+from tests.train.conftest import sharded_plan
 from tests.train.toy import ToyModel, toy_batch
 
 
@@ -72,12 +72,9 @@ def test_global_norm_clipping_bounds_the_update() -> None:
 
 
 def test_gradient_accumulation_equals_full_batch_update() -> None:
-    mesh = P.create_mesh((2, 2, 1), devices=jax.devices()[:4])
-    rules = P.logical_axis_rules("fsdp")
-    model = ToyModel()
-    opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    plan = TS.sharded_state(model, opt, model.example_batch(4, {"targets": 8}),
-                        mesh, rules)
+    model, opt = ToyModel(), create_optimizer("adamw", schedule=lambda s: 1e-2)
+    mesh, rules, plan = sharded_plan(model, opt, model.example_batch(4, {"targets": 8}),
+                                     (2, 2, 1), "fsdp")
     batch = toy_batch(jax.random.key(3), batch=16)
     # Ragged token counts per microbatch: a naive mean of microbatch means would differ.
     assert len({int(batch["decoder_loss_weights"][i::4].sum()) for i in range(4)}) > 1
@@ -95,12 +92,9 @@ def test_gradient_accumulation_equals_full_batch_update() -> None:
 
 
 def test_skip_policy_keeps_params_on_nonfinite_loss() -> None:
-    mesh = P.create_mesh((1, 1, 1), devices=jax.devices()[:1])
-    rules = P.logical_axis_rules("data_parallel")
-    model = ToyModel()
-    opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    plan = TS.sharded_state(model, opt, model.example_batch(1, {"targets": 8}),
-                        mesh, rules)
+    model, opt = ToyModel(), create_optimizer("adamw", schedule=lambda s: 1e-2)
+    mesh, rules, plan = sharded_plan(model, opt, model.example_batch(1, {"targets": 8}),
+                                     (1, 1, 1), "data_parallel")
     state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     before = jax.device_get(state["params"])
     state["params"]["scale"] = state["params"]["scale"] * jnp.nan

@@ -11,6 +11,7 @@ from t5x_like.train import partitioning as P
 from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.optimizers import create_optimizer, rsqrt_schedule
+from tests.train.conftest import sharded_plan
 from tests.train.toy import ToyModel, toy_batch
 
 # The real model under the fsdp and 2-D presets: tests/train/test_mesh_invariance.py.
@@ -43,12 +44,10 @@ def test_rules_map_logical_names_and_drop_indivisible_axes() -> None:
 
 
 def _plan(mesh_shape, preset, optimizer=None):
-    mesh = P.create_mesh(mesh_shape)
-    rules = P.logical_axis_rules(preset)
     opt = optimizer or create_optimizer("adamw", schedule=lambda s: 1e-2)
     model = ToyModel()
-    plan = TS.sharded_state(model, opt, model.example_batch(8, {"targets": 8}),
-                        mesh, rules)
+    mesh, rules, plan = sharded_plan(model, opt, model.example_batch(8, {"targets": 8}),
+                                     mesh_shape, preset)
     return model, opt, mesh, rules, plan
 
 
@@ -65,13 +64,7 @@ def test_state_is_created_sharded_and_optimizer_state_follows_params() -> None:
 
 
 def _two_steps(batch, shape, preset):
-    devices = jax.devices()[: int(np.prod(shape))]
-    mesh = P.create_mesh(shape, devices=devices)
-    rules = P.logical_axis_rules(preset)
-    opt = create_optimizer("adamw", schedule=lambda s: 1e-2)
-    model = ToyModel()
-    plan = TS.sharded_state(model, opt, model.example_batch(8, {"targets": 8}),
-                        mesh, rules)
+    model, opt, mesh, rules, plan = _plan(shape, preset)
     state = TS.create_state(plan, jax.random.key(0), mesh, rules)
     step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
     losses = []
