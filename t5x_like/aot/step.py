@@ -525,11 +525,11 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
                log: Callable[[str], None] | None = None,
                compiler_options: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Everything `python -m t5x_like.aot` reports for an already-parsed gin config."""
-    out = log or (lambda s: print(s, file=sys.stderr, flush=True))
     import jax
 
     from t5x_like.train import partitioning as P
 
+    out = log or (lambda s: print(s, file=sys.stderr, flush=True))
     run = build_run(target)
     out(f"[aot] {target.description}; {P.describe(run.mesh)}; rules {run.preset}")
     cfg = run.config
