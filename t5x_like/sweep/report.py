@@ -97,12 +97,17 @@ def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequen
                 None if None in theirs else
                 float(np.mean(theirs[:len(claim.better)]) - np.mean(theirs[len(claim.better):])))
             claims.append(result)
+    best = {t: stats.best_constant_score(next(iter(rows.values()))[0][t]) for t in tasks}
+    above = {}
+    for t in tasks:  # the task's own score per row, bootstrapped like the suite average
+        task_boot = stats.row_replicates(rows, [t], replicates)
+        above[t] = [r for r in spec.rows
+                    if r in task_boot and stats.percentile_ci(task_boot[r])[0] > best[t]]
     return {"row_ci": {r: list(stats.percentile_ci(b)) for r, b in boot.items()},
             "kendall_tau_ci": tau_ci, "claims": claims, "replicates": replicates,
             "collapsed": {r: {t: sum(stats.collapsed(s[t]) for s in seeds) for t in tasks}
                           for r, seeds in rows.items()},
-            "best_constant": {t: stats.best_constant_score(next(iter(rows.values()))[0][t])
-                              for t in tasks}}
+            "best_constant": best, "above_constant": above}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -182,6 +187,7 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
         "baseline_average": _mean([r.get("baseline_average") for rs in by_row.values()
                                    for r in rs]),
         "best_constant": boot["best_constant"] if boot else None,
+        "above_constant": boot["above_constant"] if boot else None,
     }
 
 
@@ -240,18 +246,35 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
         lines += [f"Ours = mean ± std over seeds [95% CI: {entry['bootstrap_replicates']} "
                   "bootstrap replicates over seeds and test examples].", ""]
     return "\n".join(lines + claims_markdown(entry.get("claims", []))
-                     + collapsed_markdown(entry))
+                     + signal_markdown(entry) + collapsed_markdown(entry))
+
+
+def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
+    """Per task, the best constant predictor's score and the rows whose 95% CI of the task
+    score lies above it: a task no row beats measures the fine-tune, not the pre-training."""
+    best, above = entry.get("best_constant"), entry.get("above_constant")
+    if not best or above is None:
+        return []
+    tasks = sorted(best)
+    done = sum(1 for r in entry["rows"] if r["num_seeds"])
+    return ["Signal per task: rows whose 95% CI lies above the best constant predictor's score "
+            "(the same output for every test example; often above the majority-class baseline "
+            "when the test split's label shares differ from training's):", "",
+            "| | " + " | ".join(t.removeprefix("downstream_") for t in tasks) + " |",
+            "|---|" + "---|" * len(tasks),
+            "| best constant score | " + " | ".join(_num(best[t]) for t in tasks) + " |",
+            "| rows above it | " + " | ".join(f"{len(above.get(t, []))}/{done}" for t in tasks)
+            + " |", ""]
 
 
 def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
-    """Per row and task, the seeds whose fine-tune collapsed to one label (`stats.collapsed`),
-    and each task's best constant score: a row's task score near that floor, with collapsed
-    seeds, measures the fine-tune's failure rather than the pre-training."""
+    """Per row and task, the seeds whose fine-tune collapsed to one label (`stats.collapsed`):
+    a row's task score near the best constant's, with collapsed seeds, measures the fine-tune's
+    failure rather than the pre-training."""
     rows = [r for r in entry["rows"] if r.get("collapsed")]
     if not rows or not any(n for r in rows for n in r["collapsed"].values()):
         return []
     tasks = sorted({t for r in rows for t in r["collapsed"]})
-    best = entry.get("best_constant") or {}
     split = all(" | " in r["row"] for r in entry["rows"])  # 'Architecture | Objective'
     head = ["Architecture", "Objective"] if split else ["Row"]
     names = [*head, *[t.removeprefix("downstream_") for t in tasks]]
@@ -261,8 +284,6 @@ def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
     for r in rows:
         lines.append(f"| {r['row']} | " + " | ".join(
             f"{r['collapsed'].get(t, 0)}/{r['num_seeds']}" for t in tasks) + " |")
-    lines.append("| *best constant score* | " + " | " * split
-                 + " | ".join(_num(best.get(t)) for t in tasks) + " |")
     return [*lines, ""]
 
 

@@ -199,8 +199,26 @@ def test_collapsed_fine_tunes_are_counted_per_row(tmp_path):
     # always "ham", 133 of 200 targets ham: macro-F1 = (F1(ham) + F1(spam) = 0) / 2
     assert table["best_constant"]["downstream_spam"] == pytest.approx(100 * 133 / 333)
     md = report.table_markdown("table3", table)
-    assert "| BERT-style | 1/2 |" in md and "| *best constant score* | 39.94 |" in md
+    assert "| BERT-style | 1/2 |" in md and "| best constant score | 39.94 |" in md
     healthy = _fake_sweep(tmp_path / "healthy", [50.0, 60.0, 40.0], seeds=2)
     _write_predictions(tmp_path / "healthy", healthy, shares)
     table = report.build([_spec()], healthy, str(tmp_path / "healthy"), "micro")
     assert "collapsed" not in report.table_markdown("table3", table["tables"]["table3"])
+
+
+def test_rows_above_the_best_constant_are_counted_per_task(tmp_path):
+    """A row counts when its task score's CI lies above the best constant predictor's score
+    (spam: always "ham" = 39.94 macro-F1): 95% right clears it, 40% right does not, and a row
+    whose seeds are always "ham" sits on it."""
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2)
+    shares = {"Prefix LM": 0.4, "BERT-style": 0.95, "Deshuffling": 0.6}
+    _write_predictions(tmp_path, cells, shares,
+                       constant=lambda row, seed: "ham" if row == "Deshuffling" else None)
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    assert table["above_constant"] == {"downstream_spam": ["BERT-style"]}
+    md = report.table_markdown("table3", table)
+    assert "| rows above it | 1/3 |" in md and "| best constant score | 39.94 |" in md
+    none = _fake_sweep(tmp_path / "none", [50.0, 60.0, 40.0])
+    table = report.build([_spec()], none, str(tmp_path / "none"), "micro")["tables"]["table3"]
+    assert table["above_constant"] is None
+    assert "rows above it" not in report.table_markdown("table3", table)
