@@ -134,6 +134,25 @@ def kendall(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float | Non
     return (None if math.isnan(tau) else tau), (None if math.isnan(p) else p)
 
 
+def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
+    """One-way ANOVA of per-seed scores across rows (`groups`: one list per row; rows with
+    < 2 seeds are left out): F is the spread between the rows' means over the spread between
+    seeds, and p the chance of an F this large if the rows were alike. None below 2 such rows."""
+    import warnings
+
+    from scipy.stats import f_oneway
+
+    groups = [list(g) for g in groups if len(g) >= 2]
+    if len(groups) < 2:
+        return None
+    with warnings.catch_warnings():  # every row constant across its seeds: F undefined
+        warnings.simplefilter("ignore")
+        result = f_oneway(*groups)
+    f, p = float(result.statistic), float(result.pvalue)
+    return {"f": f if math.isfinite(f) else None, "p": p if math.isfinite(p) else None,
+            "rows": len(groups)}
+
+
 def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                 results: Mapping[str, Mapping[str, Any]], sweep_dir: str) -> dict[str, Any]:
     """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau, claims)."""
@@ -172,6 +191,10 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
     finished = [(row, cell.cell_id) for row, cell in cells_of(cells, spec.table)
                 if cell.cell_id in results]
     boot = uncertainty(spec, finished, tasks, theirs, sweep_dir)
+    differ = {t: rows_differ([[r["tasks"][t] for r in rs if r["tasks"].get(t) is not None]
+                              for rs in by_row.values()]) for t in tasks}
+    differ[METRIC] = rows_differ([[r[METRIC] for r in rs if r.get(METRIC) is not None]
+                                  for rs in by_row.values()])
     for r in rows:
         r["ci"] = boot["row_ci"].get(r["row"]) if boot else None
         r["collapsed"] = boot["collapsed"].get(r["row"]) if boot else None
@@ -188,6 +211,7 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                                    for r in rs]),
         "best_constant": boot["best_constant"] if boot else None,
         "above_constant": boot["above_constant"] if boot else None,
+        "rows_differ": differ,
     }
 
 
@@ -249,22 +273,42 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
                      + signal_markdown(entry) + collapsed_markdown(entry))
 
 
+def _anova(result: Mapping[str, Any] | None) -> str:
+    if not result or result["f"] is None:
+        return "—"
+    p = result["p"]
+    return f"{result['f']:.1f} ({'p < 0.001' if p < 0.001 else f'p {p:.3f}'})"
+
+
 def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
-    """Per task, the best constant predictor's score and the rows whose 95% CI of the task
-    score lies above it: a task no row beats measures the fine-tune, not the pre-training."""
+    """Per task: the best constant predictor's score and the rows whose 95% CI of the task
+    score lies above it (a task no row beats may measure the fine-tune, not the pre-training),
+    and whether the task's scores differ between rows more than between seeds (ANOVA)."""
     best, above = entry.get("best_constant"), entry.get("above_constant")
-    if not best or above is None:
+    differ = entry.get("rows_differ") or {}
+    tasks = sorted(best or (t for t in differ if t != METRIC))
+    has_anova = any(differ.get(k) for k in (*tasks, METRIC))
+    if not tasks or (not best and not has_anova):
         return []
-    tasks = sorted(best)
     done = sum(1 for r in entry["rows"] if r["num_seeds"])
-    return ["Signal per task: rows whose 95% CI lies above the best constant predictor's score "
-            "(the same output for every test example; often above the majority-class baseline "
-            "when the test split's label shares differ from training's):", "",
-            "| | " + " | ".join(t.removeprefix("downstream_") for t in tasks) + " |",
-            "|---|" + "---|" * len(tasks),
-            "| best constant score | " + " | ".join(_num(best[t]) for t in tasks) + " |",
-            "| rows above it | " + " | ".join(f"{len(above.get(t, []))}/{done}" for t in tasks)
-            + " |", ""]
+    lines = ["Signal per task. *Best constant*: the score of the same output for every test "
+             "example (often above the majority-class baseline when the test split's label "
+             "shares differ from training's), and the rows whose 95% CI lies above it. *Rows "
+             "differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 seeds, "
+             "F (p): a task whose rows differ no more than its seeds cannot rank them.", "",
+             "| | " + " | ".join(t.removeprefix("downstream_") for t in tasks)
+             + (" | suite average |" if has_anova else " |"),
+             "|---|" + "---|" * (len(tasks) + has_anova)]
+    if best and above is not None:
+        extra = " — |" if has_anova else ""
+        lines += ["| best constant score | " + " | ".join(_num(best[t]) for t in tasks)
+                  + " |" + extra,
+                  "| rows above it | " + " | ".join(f"{len(above.get(t, []))}/{done}"
+                                                   for t in tasks) + " |" + extra]
+    if has_anova:
+        lines.append("| rows differ: F (p) | " + " | ".join(
+            _anova(differ.get(k)) for k in (*tasks, METRIC)) + " |")
+    return lines + [""]
 
 
 def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:

@@ -222,3 +222,33 @@ def test_rows_above_the_best_constant_are_counted_per_task(tmp_path):
     table = report.build([_spec()], none, str(tmp_path / "none"), "micro")["tables"]["table3"]
     assert table["above_constant"] is None
     assert "rows above it" not in report.table_markdown("table3", table)
+
+
+def test_rows_differ_is_a_one_way_anova_over_seeds():
+    """F = between-row mean square / within-row mean square, checked by hand; rows with one
+    seed are left out; constant rows have no F."""
+    groups = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0]]
+    result = report.rows_differ(groups)
+    # two rows of 3: grand mean 3.5; between SS = 3 * (1.5^2 + 1.5^2) = 13.5 (1 df);
+    # within SS = 2 + 2 = 4 (4 df): F = 13.5 / 1.0
+    assert result["rows"] == 2 and result["f"] == pytest.approx(13.5)
+    assert 0.0 < result["p"] < 0.05
+    alike = report.rows_differ([[1.0, 3.0, 2.0], [2.0, 1.0, 3.0]])
+    assert alike["f"] == pytest.approx(0.0) and alike["p"] == pytest.approx(1.0)
+    assert report.rows_differ([[1.0, 2.0], [3.0]]) is None
+    assert report.rows_differ([[1.0, 1.0], [2.0, 2.0]])["f"] is None
+
+
+def test_rows_differ_in_the_report(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2)
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    suite = table["rows_differ"]["suite_average"]  # rows 10 points apart, seeds 1 point
+    # between: 2 * (0 + 10^2 + 10^2) / 2 df = 200; within: 3 * 0.5 / 3 df = 0.5
+    assert suite["rows"] == 3 and suite["f"] == pytest.approx(400.0) and suite["p"] < 0.001
+    assert table["rows_differ"]["downstream_spam"]["f"] is None  # the same score every seed
+    md = report.table_markdown("table3", table)
+    assert "| rows differ: F (p) | — | 400.0 (p < 0.001) |" in md
+    one_seed = _fake_sweep(tmp_path / "one", [50.0, 60.0, 40.0])
+    table = report.build([_spec()], one_seed, str(tmp_path / "one"), "micro")["tables"]["table3"]
+    assert table["rows_differ"]["suite_average"] is None
+    assert "rows differ" not in report.table_markdown("table3", table)
