@@ -10,6 +10,9 @@ A finished cell's records (`RECORDS`: what the report reads, no checkpoints) can
 archive dir of the same layout (`--archive`, e.g. committed under benchmarks/): a sweep restores
 the cells it finds there before running and archives each cell it finishes, so a sweep spread
 over sessions on fresh checkouts only ever runs a cell once.
+Before its first subprocess a cell makes sure the data directory is prepared (the embedded
+corpus, its vocabulary and the downstream suite: `data.prepare`, a no-op when current), so a
+sweep or `--run_cell` works on a fresh machine.
 An interrupted cell resumes: the trainer restarts from its latest checkpoint and evaluate skips
 fine-tunes that reached their step count. Cells run most expensive first (training FLOPs per
 sequence), so with `--parallel` the long decoder-only cells do not trail at the end, and share one
@@ -34,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from t5x_like import host, hugepages
+from t5x_like.data import assets
+from t5x_like.data import prepare as data_prepare
 from t5x_like.sweep import costs
 from t5x_like.sweep.config import ScaleSpec
 from t5x_like.sweep.grid import Cell
@@ -217,6 +222,19 @@ def run_evaluation(path: str, out: str, finetune_seed: int | None = None,
         return json.load(f)
 
 
+def _last_error(log_path: str) -> str | None:
+    """The last `error: ...` line of a log (what our CLIs print before a non-zero exit), else
+    the last line of a Python traceback; None when there is neither."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f.readlines()[-200:] if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    if errors:
+        return errors[-1].removeprefix("error:").strip()
+    if any(line.startswith("Traceback") for line in lines):
+        return lines[-1]
+    return None
+
+
 def _run(argv: Sequence[str], log_path: str, what: str,
          cache_dir: str | None = None) -> tuple[float, float]:
     """Run one subprocess, appending its output to log_path; returns (wall, CPU) seconds
@@ -231,7 +249,9 @@ def _run(argv: Sequence[str], log_path: str, what: str,
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
-        raise CellFailed(f"{what} exited with status {rc}; see {log_path}")
+        reason = _last_error(log_path)
+        raise CellFailed(f"{what} exited with status {rc}{': ' + reason if reason else ''}; "
+                         f"see {log_path}")
     return time.time() - start, usage.ru_utime + usage.ru_stime
 
 
@@ -265,6 +285,10 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
             return json.load(f)
     with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
         spec = json.load(f)
+    try:
+        data_prepare.prepare(log=log)
+    except assets.AssetError as err:
+        raise CellFailed(f"{name}: preparing the data directory: {err}") from err
     cache_dir = _cache_dir(path)
     log(f"[sweep] {name}: pre-training")
     pretrain_s, pretrain_cpu = _run(train_command(spec, path), os.path.join(path, "pretrain.log"),

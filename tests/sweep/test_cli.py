@@ -1,8 +1,12 @@
-"""`python -m t5x_like.sweep`: --print_commands and argument errors (real cells: test_cells.py)."""
+"""`python -m t5x_like.sweep`: --print_commands, argument errors and a failed cell's message
+(real cells: test_cells.py)."""
 
 import json
 import os
 import shlex
+import sys
+
+import pytest
 
 from t5x_like.sweep import costs, runner
 from t5x_like.sweep.__main__ import main
@@ -49,3 +53,19 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert main([f"--sweep={T2},{T2}", "--scale=micro", "--print_commands"]) == 2
     err = capsys.readouterr().err
     assert "unknown scale 'nope'" in err and "unknown row" in err and "same table" in err
+
+
+def test_a_failed_cell_subprocess_names_its_error(tmp_path):
+    """A cell's train/evaluate failure says why on the console, not only in its log: the
+    child's last `error:` line, else its traceback's last line."""
+    log = tmp_path / "pretrain.log"
+    failing = "import sys; print('step 1'); print('error: corpus X is not prepared'); sys.exit(2)"
+    with pytest.raises(runner.CellFailed,
+                       match=r"exited with status 2: corpus X is not prepared; see .*pretrain.log"):
+        runner._run([sys.executable, "-c", failing], str(log), "cell: python -m t5x_like.train")
+    log2 = tmp_path / "eval.log"
+    with pytest.raises(runner.CellFailed, match=r"status 1: ValueError: bad binding; see"):
+        runner._run([sys.executable, "-c", "raise ValueError('bad binding')"], str(log2), "cell")
+    quiet = tmp_path / "quiet.log"
+    with pytest.raises(runner.CellFailed, match=r"exited with status 3; see .*quiet.log"):
+        runner._run([sys.executable, "-c", "import sys; sys.exit(3)"], str(quiet), "cell")
