@@ -67,7 +67,7 @@ def seed_std(archive: str, cell_id: str) -> tuple[float | None, int]:
     seed (itself included), and how many there are."""
     cells = os.path.join(archive, "cells")
     spec = _read_json(os.path.join(cells, cell_id, runner.CELL_SPEC))
-    prefix = cell_id.split("__s")[0] + "__s"
+    prefix = cell_id.rsplit("__", 2)[0] + "__s"  # <arch>__<objective>__s<seed>__<hash>
     scores = [_read_json(os.path.join(cells, c, runner.RESULTS))["suite_average"]
               for c in sorted(os.listdir(cells)) if c.startswith(prefix)
               and runner.is_done(os.path.join(cells, c))
