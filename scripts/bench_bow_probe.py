@@ -145,8 +145,10 @@ def markdown(result: dict[str, Any]) -> str:
                 f"[{r['test_ci'][0]:.1f}, {r['test_ci'][1]:.1f}] | {r['l2']:g} |")
         if sweep:
             s = sweep.get(r["task"])
-            line += (f" {s['best'][0]:.2f} ({s['best'][1]}) | {s['worst'][0]:.2f} "
-                     f"({s['worst'][1]}) |" if s else " — | — |")
+            pipe = "\\|"  # row names such as 'Prefix LM | LM' inside a table cell
+            line += (f" {s['best'][0]:.2f} ({s['best'][1].replace('|', pipe)}) "
+                     f"| {s['worst'][0]:.2f} ({s['worst'][1].replace('|', pipe)}) |"
+                     if s else " — | — |")
         lines.append(line)
     return "\n".join(lines) + "\n"
 
