@@ -4,19 +4,13 @@ skips the shapes already in attention.jsonl. Times nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_attention",
-                                                  REPO / "scripts" / "bench_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_attention")
 
 
 def test_smoke_rows_errors_ratios_and_resume(tmp_path) -> None:

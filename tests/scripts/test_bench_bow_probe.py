@@ -4,21 +4,15 @@ over the suite takes minutes: it is the benchmark, not a test.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_bow_probe",
-                                                  REPO / "scripts" / "bench_bow_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_bow_probe")
 
 
 def test_features_count_only_the_first_pieces_and_have_unit_norm():

@@ -3,7 +3,6 @@ the rerun is `runner.run_cell_dir`, tested in tests/sweep/test_cells.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import statistics
@@ -11,17 +10,14 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.scripts import REPO, load_script
+
 ARCHIVE = REPO / "benchmarks" / "sweep_cells" / "tiny"
 CELL = "lm_2L__prefix_lm__s0__e65b7f2f"  # protocol v3, seeds 0-2 archived
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_cross_host",
-                                                  REPO / "scripts" / "bench_cross_host.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_cross_host")
 
 
 def _rewrite_jsonl(path: Path, edit) -> None:

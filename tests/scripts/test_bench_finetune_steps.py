@@ -4,21 +4,15 @@ is tested in tests/sweep/test_cells.py."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
+
 TASKS = ["downstream_spam", "downstream_brown_genre"]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_finetune_steps",
-                                                  REPO / "scripts" / "bench_finetune_steps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_finetune_steps")
 
 
 def _spec(bindings: list[str]) -> dict:
