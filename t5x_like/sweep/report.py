@@ -18,6 +18,7 @@ import json
 import math
 import os
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,8 +139,6 @@ def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
     """One-way ANOVA of per-seed scores across rows (`groups`: one list per row; rows with
     < 2 seeds are left out): F is the spread between the rows' means over the spread between
     seeds, and p the chance of an F this large if the rows were alike. None below 2 such rows."""
-    import warnings
-
     from scipy.stats import f_oneway
 
     groups = [list(g) for g in groups if len(g) >= 2]
