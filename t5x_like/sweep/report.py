@@ -138,7 +138,10 @@ def kendall(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float | Non
 def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
     """One-way ANOVA of per-seed scores across rows (`groups`: one list per row; rows with
     < 2 seeds are left out): F is the spread between the rows' means over the spread between
-    seeds, and p the chance of an F this large if the rows were alike. None below 2 such rows."""
+    seeds, and p the chance of an F this large if the rows were alike. `seed_std` is the
+    pooled within-row std, sqrt(sum of squared deviations from each row's mean / (n - rows)):
+    the sweep's own noise floor per seed, with `seed_df` degrees of freedom. None below 2 such
+    rows."""
     from scipy.stats import f_oneway
 
     groups = [list(g) for g in groups if len(g) >= 2]
@@ -148,8 +151,10 @@ def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
         warnings.simplefilter("ignore")
         result = f_oneway(*groups)
     f, p = float(result.statistic), float(result.pvalue)
+    df = sum(len(g) for g in groups) - len(groups)
+    within = sum((x - sum(g) / len(g)) ** 2 for g in groups for x in g)
     return {"f": f if math.isfinite(f) else None, "p": p if math.isfinite(p) else None,
-            "rows": len(groups)}
+            "rows": len(groups), "seed_std": math.sqrt(within / df), "seed_df": df}
 
 
 def table_entry(spec: SweepSpec, cells: Sequence[Cell],
@@ -279,6 +284,12 @@ def _anova(result: Mapping[str, Any] | None) -> str:
     return f"{result['f']:.1f} ({'p < 0.001' if p < 0.001 else f'p {p:.3f}'})"
 
 
+def _pooled(result: Mapping[str, Any] | None) -> str:
+    if not result or result.get("seed_std") is None:
+        return "—"
+    return f"{result['seed_std']:.2f} ({result['seed_df']})"
+
+
 def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
     """Per task: the best constant predictor's score and the rows whose 95% CI of the task
     score lies above it (a task no row beats may measure the fine-tune, not the pre-training),
@@ -294,7 +305,9 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
              "example (often above the majority-class baseline when the test split's label "
              "shares differ from training's), and the rows whose 95% CI lies above it. *Rows "
              "differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 seeds, "
-             "F (p): a task whose rows differ no more than its seeds cannot rank them.", "",
+             "F (p): a task whose rows differ no more than its seeds cannot rank them. *Seed std, "
+             "pooled*: the std between seeds of one row, pooled over those rows (df = seeds "
+             "minus rows): this run's own noise floor.", "",
              "| | " + " | ".join(t.removeprefix("downstream_") for t in tasks)
              + (" | suite average |" if has_anova else " |"),
              "|---|" + "---|" * (len(tasks) + has_anova)]
@@ -307,6 +320,8 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
     if has_anova:
         lines.append("| rows differ: F (p) | " + " | ".join(
             _anova(differ.get(k)) for k in (*tasks, METRIC)) + " |")
+        lines.append("| seed std, pooled (df) | " + " | ".join(
+            _pooled(differ.get(k)) for k in (*tasks, METRIC)) + " |")
     return lines + [""]
 
 

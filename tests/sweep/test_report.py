@@ -233,6 +233,7 @@ def test_rows_differ_is_a_one_way_anova_over_seeds():
     # within SS = 2 + 2 = 4 (4 df): F = 13.5 / 1.0
     assert result["rows"] == 2 and result["f"] == pytest.approx(13.5)
     assert 0.0 < result["p"] < 0.05
+    assert result["seed_df"] == 4 and result["seed_std"] == pytest.approx(1.0)  # sqrt(4 / 4)
     alike = report.rows_differ([[1.0, 3.0, 2.0], [2.0, 1.0, 3.0]])
     assert alike["f"] == pytest.approx(0.0) and alike["p"] == pytest.approx(1.0)
     assert report.rows_differ([[1.0, 2.0], [3.0]]) is None
@@ -248,6 +249,8 @@ def test_rows_differ_in_the_report(tmp_path):
     assert table["rows_differ"]["downstream_spam"]["f"] is None  # the same score every seed
     md = report.table_markdown("table3", table)
     assert "| rows differ: F (p) | — | 400.0 (p < 0.001) |" in md
+    assert suite["seed_df"] == 3 and suite["seed_std"] == pytest.approx(0.5 ** 0.5)
+    assert "| seed std, pooled (df) | 0.00 (3) | 0.71 (3) |" in md
     one_seed = _fake_sweep(tmp_path / "one", [50.0, 60.0, 40.0])
     table = report.build([_spec()], one_seed, str(tmp_path / "one"), "micro")["tables"]["table3"]
     assert table["rows_differ"]["suite_average"] is None
