@@ -347,7 +347,7 @@ def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
 
 def claims_markdown(claims: Sequence[Mapping[str, Any]]) -> list[str]:
     """The claims table: each of the paper's comparisons as our paired difference with its
-    CI and a verdict (and, when not reproduced, the seeds per row a '>' claim would need)."""
+    CI and a verdict (and, when unresolved, the seeds per row that would settle it)."""
     if not claims:
         return []
     lines = ["| Claim (paper) | paper Δ GLUE | ours: Δ suite avg [95% CI] | verdict | seeds "

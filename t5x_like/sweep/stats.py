@@ -150,17 +150,20 @@ def point_scores(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
                                  for t in tasks])) for s in seeds] for row, seeds in rows.items()}
 
 
-def seeds_needed(differences: Sequence[float]) -> int | None:
-    """Seeds per row for a 95% CI of a paired difference to exclude 0, from per-seed
-    differences (normal approximation: n = (1.96 σ / |mean|)²); None without spread or
-    with a zero mean."""
+def seeds_needed(differences: Sequence[float], margin: float = 0.0) -> int | None:
+    """Seeds per row for a 95% CI of a paired difference to settle a claim, from per-seed
+    differences (normal approximation). A '>' claim (`margin` 0) is settled when the CI
+    excludes 0; an '≈' claim when the CI lies inside ±margin or outside it, i.e. when the CI's
+    half-width is below the distance from |mean| to the margin: n = (1.96 σ / ||mean| -
+    margin|)². None without spread or with the mean on the boundary."""
     d = np.asarray(differences, np.float64)
     if len(d) < 2 or not np.isfinite(d).all():
         return None
     mean, sd = float(d.mean()), float(d.std(ddof=1))
-    if mean == 0.0 or sd == 0.0:
+    gap = abs(abs(mean) - margin)
+    if gap == 0.0 or sd == 0.0:
         return None
-    return max(1, math.ceil((1.96 * sd / abs(mean)) ** 2))
+    return max(1, math.ceil((1.96 * sd / gap) ** 2))
 
 
 def verdict(claim: Claim, lo: float, hi: float) -> str:
@@ -179,9 +182,8 @@ def verdict(claim: Claim, lo: float, hi: float) -> str:
 def evaluate_claim(claim: Claim, replicates: Mapping[str, np.ndarray],
                    points: Mapping[str, Sequence[float]]) -> dict | None:
     """The claim's difference (full-data point estimate), its CI, verdict and, for an
-    unresolved '>' claim, the seeds per row a CI excluding 0 would need (a contradicted one
-    needs none: its CI already excludes 0, on the other side); None when a row has no
-    results."""
+    unresolved claim, the seeds per row a settling CI would need (`seeds_needed`; a settled
+    one needs none); None when a row has no results."""
     if any(r not in replicates for r in (*claim.better, *claim.worse)):
         return None
     boot = (np.mean([replicates[r] for r in claim.better], axis=0)
@@ -195,6 +197,7 @@ def evaluate_claim(claim: Claim, replicates: Mapping[str, np.ndarray],
     result = {"table": claim.table, "claim": claim.text, "relation": claim.relation,
               "margin": claim.margin, "difference": point, "ci": [lo, hi],
               "verdict": verdict(claim, lo, hi), "seeds": seeds, "seeds_needed": None}
-    if claim.relation == ">" and result["verdict"] == "unresolved":
-        result["seeds_needed"] = seeds_needed(per_seed)
+    if result["verdict"] == "unresolved":
+        result["seeds_needed"] = seeds_needed(
+            per_seed, claim.margin if claim.relation == "≈" else 0.0)
     return result

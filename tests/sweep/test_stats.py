@@ -101,6 +101,10 @@ def test_seeds_needed() -> None:
     assert stats.seeds_needed([0.1, -0.1, 0.2, 0.0]) == 26  # (1.96 * .129 / .05)^2 = 25.6
     assert stats.seeds_needed([1.0]) is None
     assert stats.seeds_needed([2.0, 2.0]) is None
+    # '≈' within ±2: mean 1, sd 1.414, 1 point from the margin: (1.96 * 1.414 / 1)^2 = 7.7
+    assert stats.seeds_needed([0.0, 2.0], margin=2.0) == 8
+    assert stats.seeds_needed([2.0, 4.0], margin=2.0) == 8  # mean 3: 1 point outside
+    assert stats.seeds_needed([1.0, 3.0], margin=2.0) is None  # mean on the margin
 
 
 def test_rows_must_share_their_test_split() -> None:
