@@ -301,13 +301,17 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
     if not tasks or (not best and not has_anova):
         return []
     done = sum(1 for r in entry["rows"] if r["num_seeds"])
-    lines = ["Signal per task. *Best constant*: the score of the same output for every test "
-             "example (often above the majority-class baseline when the test split's label "
-             "shares differ from training's), and the rows whose 95% CI lies above it. *Rows "
-             "differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 seeds, "
-             "F (p): a task whose rows differ no more than its seeds cannot rank them. *Seed std, "
-             "pooled*: the std between seeds of one row, pooled over those rows (df = seeds "
-             "minus rows): this run's own noise floor.", "",
+    note = "Signal per task."
+    if best:
+        note += (" *Best constant*: the score of the same output for every test example (often "
+                 "above the majority-class baseline when the test split's label shares differ "
+                 "from training's), and the rows whose 95% CI lies above it.")
+    if has_anova:
+        note += (" *Rows differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 "
+                 "seeds, F (p): a task whose rows differ no more than its seeds cannot rank "
+                 "them. *Seed std, pooled*: the std between seeds of one row, pooled over those "
+                 "rows (df = seeds minus rows): this run's own noise floor.")
+    lines = [note, "",
              "| | " + " | ".join(t.removeprefix("downstream_") for t in tasks)
              + (" | suite average |" if has_anova else " |"),
              "|---|" + "---|" * (len(tasks) + has_anova)]

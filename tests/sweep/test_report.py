@@ -254,4 +254,5 @@ def test_rows_differ_in_the_report(tmp_path):
     one_seed = _fake_sweep(tmp_path / "one", [50.0, 60.0, 40.0])
     table = report.build([_spec()], one_seed, str(tmp_path / "one"), "micro")["tables"]["table3"]
     assert table["rows_differ"]["suite_average"] is None
-    assert "rows differ" not in report.table_markdown("table3", table)
+    md = report.table_markdown("table3", table)
+    assert "rows differ" not in md and "Seed std" not in md  # one seed: no ANOVA, no note
