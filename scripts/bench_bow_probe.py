@@ -9,7 +9,8 @@ This measures it: per task, a multinomial logistic regression on the input's tok
 log(1 + count) with unit-norm rows), its L2 strength chosen on the validation split, trained on
 the train split, scored on the test split with the task's primary metric and a 95% CI over test
 examples (bootstrap, `t5x_like.sweep.stats`). With `--report`, a sweep report's rows (per task:
-the best and the worst row's mean) are shown beside it.
+the best and the worst row's mean) are shown beside it. `downstream_word_order` is the control:
+its two classes hold the same words, so the probe must score chance there.
 
     python scripts/bench_bow_probe.py [--tasks downstream_spam,...] \\
         [--report benchmarks/t5_tables_tiny_v4.json] [--out benchmarks/downstream_bow_probe]
@@ -36,7 +37,7 @@ from t5x_like.data import downstream, vocab  # noqa: E402
 from t5x_like.sweep import stats  # noqa: E402
 
 TASKS = ("downstream_spam", "downstream_brown_genre", "downstream_sotu_party",
-         "downstream_sotu_decade")
+         "downstream_sotu_decade", "downstream_word_order")  # the `tiny` score's four + order
 L2_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
 

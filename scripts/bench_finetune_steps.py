@@ -2,10 +2,11 @@
 
 Re-evaluates finished sweep cells' pre-trained checkpoints with other fine-tuning lengths and
 compares, per task, the scores and the fine-tunes that collapsed to one label
-(`t5x_like.sweep.stats.collapsed`). The cell's own evaluation (`<cell>/eval`) is the entry for
-the scale's fine-tuning length; every other length N runs `python -m t5x_like.evaluate` into
-`<cell>/eval_steps<N>[_<tasks>]` (one of all the scale's tasks serves any subset) with
-`--finetune_steps=N`, and a scale binding
+(`t5x_like.sweep.stats.collapsed`); or evaluates them on a suite task their scale left out
+(`--tasks downstream_word_order`). The cell's own evaluation (`<cell>/eval`) is the entry for
+the scale's fine-tuning length and tasks; every other length N (or task) runs
+`python -m t5x_like.evaluate` into `<cell>/eval_steps<N>[_<tasks>]` (one of all the scale's
+tasks serves any subset) with `--finetune_steps=N`, and a scale binding
 `<schedule>.total_steps = ...` rebound to N (the schedule stretched to the new length). Nothing
 else changes: same checkpoint, fine-tuning seed, lr, batch and scoring. Resumable: a finished
 evaluation is reused.
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from t5x_like import host  # noqa: E402
+from t5x_like.data import downstream  # noqa: E402
 from t5x_like.sweep import report, runner, stats  # noqa: E402
 
 TOTAL_STEPS = re.compile(r"^\s*([\w.]+)\.total_steps\s*=")
@@ -82,7 +84,7 @@ def out_name(steps: int, tasks: list[str], all_tasks: list[str]) -> str:
 def evaluate(path: str, steps: int, tasks: list[str]) -> tuple[str, dict]:
     """(evaluation dir name, its results.json) of one cell at one length."""
     spec = _spec(path)
-    if steps == scale_steps(spec):
+    if steps == scale_steps(spec) and set(tasks) <= set(scale_tasks(spec)):
         with open(os.path.join(path, runner.RESULTS), encoding="utf-8") as f:
             return "eval", json.load(f)["evaluation"]
     name = out_name(steps, tasks, scale_tasks(spec))
@@ -199,7 +201,9 @@ def render(data: dict) -> str:
     n = len(data["cells"])
     argv = [a for i, a in enumerate(data["argv"]) if not a.startswith("--note")
             and not (i and data["argv"][i - 1] == "--note")]  # the note is printed below
-    lines = [f"# Fine-tuning length on the `{data['scale']}` sweep's checkpoints", "",
+    what = ("Fine-tuning length" if len(steps) > 1
+            else ", ".join(t.removeprefix("downstream_") for t in data["tasks"]))
+    lines = [f"# {what} on the `{data['scale']}` sweep's checkpoints", "",
              f"Machine: {data['machine']}. {n} cells from `{data['sweep_dir']}`, {data['date']}; "
              f"`python scripts/bench_finetune_steps.py {' '.join(argv)}`.", "",
              "Each cell's pre-trained checkpoint fine-tuned per task for "
@@ -256,7 +260,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sweep_dir", required=True)
     p.add_argument("--steps", required=True, help="comma-separated fine-tuning lengths")
     p.add_argument("--cells", default="*", help="comma-separated cell-id globs")
-    p.add_argument("--tasks", default=None, help="default: the scale's tasks")
+    p.add_argument("--tasks", default=None,
+                   help="default: the scale's tasks; any suite task (one the scale does not "
+                        "evaluate is fine-tuned anew even at the scale's length)")
     p.add_argument("--parallel", type=int, default=1, help="evaluations run at once")
     p.add_argument("--out", required=True, help="path prefix of <out>.json / <out>.md")
     p.add_argument("--compare", default=None,
@@ -282,9 +288,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--compare wants 'TABLE: ROW::TABLE: ROW', got {args.compare!r}")
     first = _spec(paths[0])
     tasks = args.tasks.split(",") if args.tasks else scale_tasks(first)
-    unknown = set(tasks) - set(scale_tasks(first))
+    unknown = set(tasks) - set(downstream.SUITE)
     if unknown:
-        raise SystemExit(f"--tasks: {sorted(unknown)} not among the scale's {scale_tasks(first)}")
+        raise SystemExit(f"--tasks: {sorted(unknown)} not in the downstream suite "
+                         f"{list(downstream.SUITE)}")
     data = {"machine": host.describe(), "scale": first["scale"]["name"],
             "sweep_dir": args.sweep_dir, "steps": steps, "tasks": tasks,
             "date": time.strftime("%Y-%m-%d"), "argv": argv, "note": args.note,

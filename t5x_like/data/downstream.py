@@ -11,11 +11,16 @@ deduplication; the document id carries the label (`sotu/1790_george_washington_n
 - downstream_sotu_party: "party: " + a SOTU paragraph -> "democratic" | "republican" | "other";
 - downstream_sotu_decade: "decade: " + a SOTU paragraph -> "1790s" ... "2020s";
 - downstream_cloze: "cloze: " + a passage without its last word -> that word (LAMBADA-style:
-  the word also occurs earlier in the passage).
+  the word also occurs earlier in the passage);
+- downstream_word_order: "order: " + a passage, as written or with its words shuffled ->
+  "original" | "shuffled" (CoLA-like: is this well-formed text?). Both classes hold the same
+  words, so a bag of words (or a model that discards word order) scores the 50% of chance;
+  it is the suite's test of what the deshuffling objective gives up.
 
 Passages/paragraphs are runs of whole sentences of MIN_WORDS..MAX_WORDS words (Brown, SOTU:
 consecutive, non-overlapping; cloze: one window ending at each sentence end, so windows of one
-document overlap). Spam inputs are the first MAX_WORDS words of the body. Every input is also
+document overlap; word order: one passage per document chunk, as Brown's). Spam inputs are
+the first MAX_WORDS words of the body. Every input is also
 cut to MAX_CHARS characters at a word boundary. All of this is done on words/characters, so
 examples are vocabulary-independent; seqio trims the few longer token sequences (about 2% of
 spam inputs, non-Latin scripts) to `sequence_length`.
@@ -36,7 +41,9 @@ inputs (spam/genre/party/decade) have been seen in pre-training, their labels ne
 pre-trained on). The cloze task's answers are part of the text, so its `test` split is built only
 from documents in the c4like `validation` split (`corpus.split_of`, 2% of ids by sha256), which
 is never pre-trained on; its `train`/`validation` splits come from c4like train documents
-(hashed 90/10 by document, so the two never share a document).
+(hashed 90/10 by document, so the two never share a document). The word-order task splits the
+same way: a model that memorised a test passage's order in pre-training would have an edge
+that has nothing to do with syntax.
 
 Examples are built in one pass over the corpus (10-20 s on 2 cores) and cached as JSONL under
 `<data_dir>/downstream/<VERSION>/<task>/<split>.jsonl` (with `manifest.json`, keyed by the corpus
@@ -52,13 +59,14 @@ import functools
 import hashlib
 import json
 import os
+import random
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from t5x_like.data import assets, atomic, clean, corpus, scoring
 
-VERSION = "1.3.0"  # bump whenever the building rules change
+VERSION = "1.4.0"  # bump whenever the building rules change
 SPLITS = ("train", "validation", "test")
 MAX_WORDS = 120  # input text cap (words, before tokenisation: vocabulary-independent)
 MAX_CHARS = 800  # and characters (a URL or base64 blob is one "word")
@@ -112,6 +120,12 @@ _SPECS = {s.name: s for s in (
         "downstream_cloze", "generation", "exact_match", None, dict(_LENGTHS),
         "LAMBADA-style: passage -> its final word (which also occurs earlier in the passage); "
         "test passages come from c4like validation documents.", (scoring.exact_match,)),
+    DownstreamSpec(
+        "downstream_word_order", "classification", "accuracy", ("original", "shuffled"),
+        dict(_LENGTHS),
+        "Passage -> 'original' | 'shuffled' (its words in a random order): the same words "
+        "either way, so order-blind models score chance; test passages come from c4like "
+        "validation documents.", _CLS),
 )}
 SUITE: tuple[str, ...] = tuple(_SPECS)
 
@@ -229,7 +243,8 @@ def _classification_examples(records: Iterable[dict]) -> dict[str, dict[str, lis
         by_source[r["source"]][r["id"]] = r["text"]
     spam, brown, sotu = (by_source[s] for s in ("spam_assassin", "brown", "sotu"))
     out: dict[str, dict[str, list[dict]]] = {
-        n: {s: [] for s in SPLITS} for n in SUITE if n != "downstream_cloze"}
+        n: {s: [] for s in SPLITS} for n in SUITE
+        if n not in ("downstream_cloze", "downstream_word_order")}
 
     spam_label = {d: "spam" if d.split("/")[1].startswith("spam") else "ham" for d in spam}
     split = _split_documents(spam_label)
@@ -286,6 +301,46 @@ def _cloze_examples(records_by_split: dict[str, list[dict]]) -> dict[str, list[d
     return out
 
 
+def _shuffle_words(words: list[str], key: str) -> list[str] | None:
+    """`words` in a random order seeded by `key`, never their own; None when all are the
+    same word (no other order exists)."""
+    if len(set(words)) < 2:
+        return None
+    rng = random.Random(_hash("order:" + key))
+    shuffled = list(words)
+    while shuffled == words:
+        rng.shuffle(shuffled)
+    return shuffled
+
+
+def _word_order_examples(records_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """split -> capped word-order examples: every passage (`_passages`) of every c4like
+    document is a candidate, `test` from c4like validation documents, `train`/`validation`
+    from train documents hashed 90/10 by document (as the cloze task); candidates are taken in
+    cap order and half of them, by id hash, are shuffled (`_shuffle_words`)."""
+    candidates: dict[str, list[tuple[int, str, str]]] = {s: [] for s in SPLITS}
+    for corpus_split, records in records_by_split.items():
+        for r in records:
+            if corpus_split == "validation":
+                split = "test"
+            else:
+                split = "validation" if _hash("order:" + r["id"]) % 10 == 0 else "train"
+            for k, passage in enumerate(_passages(r["text"], MIN_WORDS)):
+                example_id = f"{r['id']}#{k}"
+                candidates[split].append((_hash("pick:" + example_id), example_id, passage))
+    out: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    for split, cands in candidates.items():
+        cands.sort(key=lambda c: (c[0], c[1]))
+        for _, example_id, passage in cands[:SPLIT_CAPS[split]]:
+            words = _clip(passage).split()
+            shuffled = _shuffle_words(words, example_id) if _hash(
+                "label:" + example_id) % 2 else None
+            out[split].append({
+                "id": example_id, "inputs": "order: " + " ".join(shuffled or words),
+                "targets": "shuffled" if shuffled else "original"})
+    return out
+
+
 def build_examples(data_dir: str | os.PathLike | None = None) -> dict[str, dict[str, list[dict]]]:
     """task -> split -> examples `{'id', 'inputs', 'targets'}`, capped (no caching)."""
     if corpus.read_stats(data_dir) is None:
@@ -293,6 +348,7 @@ def build_examples(data_dir: str | os.PathLike | None = None) -> dict[str, dict[
     records = {s: list(corpus.iter_split_records(s, data_dir)) for s in corpus.NUM_SHARDS}
     built = _classification_examples(r for rs in records.values() for r in rs)
     built["downstream_cloze"] = _cloze_examples(records)
+    built["downstream_word_order"] = _word_order_examples(records)
     return {n: {s: _cap(built[n][s], SPLIT_CAPS[s]) for s in SPLITS} for n in SUITE}
 
 

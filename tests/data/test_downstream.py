@@ -19,10 +19,11 @@ SIZES = {
     "downstream_sotu_party": {"train": 2000, "validation": 300, "test": 500},
     "downstream_sotu_decade": {"train": 2000, "validation": 300, "test": 500},
     "downstream_cloze": {"train": 2000, "validation": 300, "test": 435},
+    "downstream_word_order": {"train": 2000, "validation": 300, "test": 500},
 }
 PREFIX = {"downstream_spam": "spam or ham: ", "downstream_brown_genre": "genre: ",
           "downstream_sotu_party": "party: ", "downstream_sotu_decade": "decade: ",
-          "downstream_cloze": "cloze: "}
+          "downstream_cloze": "cloze: ", "downstream_word_order": "order: "}
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +118,40 @@ def test_cloze_test_comes_from_c4like_validation(rebuilt, data_dir):
         assert any(context + " " + e["targets"] in doc for doc in validation), context[:80]
     train_docs = {e["id"].split("#")[0] for e in rebuilt["downstream_cloze"]["train"]}
     assert train_docs and not train_docs & validation_ids
+
+
+def test_shuffle_words_never_keeps_the_order():
+    words = [f"w{i}" for i in range(30)]
+    for key in ("doc#0", "doc#1", "doc#2"):
+        out = downstream._shuffle_words(words, key)
+        assert sorted(out) == sorted(words) and out != words  # the same words, another order
+        assert out == downstream._shuffle_words(words, key)  # seeded by the key
+    assert downstream._shuffle_words(words, "doc#0") != downstream._shuffle_words(words, "doc#1")
+    assert downstream._shuffle_words(["a", "b"], "k") == ["b", "a"]  # the only other order
+    assert downstream._shuffle_words(["a"] * 12, "doc#0") is None  # no other order exists
+
+
+def test_word_order_examples_hold_the_same_words():
+    """Both classes are the source passage's words (a bag of words cannot tell them apart);
+    'original' is the passage as written; test comes only from c4like validation documents."""
+    sentence = "The {} cat sat on the mat while a dog of {} watched it closely."
+    text = lambda doc: " ".join(sentence.format(doc, k) for k in range(9))  # noqa: E731
+    records = {"train": [{"id": f"t{i}", "text": text(f"t{i}")} for i in range(40)],
+               "validation": [{"id": f"v{i}", "text": text(f"v{i}")} for i in range(5)]}
+    built = downstream._word_order_examples(records)
+    sources = {f"{r['id']}#{k}": downstream._clip(p).split() for rs in records.values()
+               for r in rs for k, p in enumerate(downstream._passages(r["text"], 20))}
+    labels = collections.Counter()
+    for split, examples in built.items():
+        assert examples and len({e["id"] for e in examples}) == len(examples)
+        for e in examples:
+            words = e["inputs"].removeprefix("order: ").split()
+            source = sources[e["id"]]
+            labels[e["targets"]] += 1
+            assert sorted(words) == sorted(source)
+            assert (words == source) == (e["targets"] == "original"), e
+            assert e["id"].startswith("v") == (split == "test")
+    assert labels["original"] > 10 and labels["shuffled"] > 10
 
 
 def test_registry_lists_suite_and_rejects_unknown():

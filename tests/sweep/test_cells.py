@@ -227,3 +227,25 @@ def test_finetune_steps_bench_reevaluates_longer_and_reuses(swept, tmp_path):
     before = {p: p.stat().st_size for p in logs}
     assert len(logs) == 2 and bench()["cells"] == data["cells"]
     assert {p: p.stat().st_size for p in logs} == before
+
+
+def test_finetune_steps_bench_adds_a_task_the_scale_left_out(swept, tmp_path):
+    """At the scale's own length, a suite task the sweep did not evaluate (word order) is
+    fine-tuned anew from the same checkpoints; a task outside the suite is refused."""
+    _, sweep_dir, _ = swept
+    out = tmp_path / "wo"
+    argv = [sys.executable, str(ROOT / "scripts" / "bench_finetune_steps.py"),
+            f"--sweep_dir={sweep_dir}", "--steps=4", "--cells=*__s0__*", f"--out={out}"]
+    proc = subprocess.run([*argv, "--tasks=downstream_word_order"], capture_output=True,
+                          text=True, timeout=600, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    for cell_id, cell in data["cells"].items():
+        assert cell["4"]["dir"] == "eval_steps4_word_order"
+        results = json.loads((sweep_dir / "cells" / cell_id / "eval_steps4_word_order"
+                              / "results.json").read_text())
+        assert list(results["tasks"]) == ["downstream_word_order"]
+        assert 0 <= cell["4"]["tasks"]["downstream_word_order"]["score"] <= 100
+    bad = subprocess.run([*argv, "--tasks=downstream_wordorder"], capture_output=True,
+                         text=True, timeout=600, check=False, cwd=ROOT)
+    assert bad.returncode != 0 and "not in the downstream suite" in bad.stderr
