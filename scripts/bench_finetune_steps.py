@@ -210,8 +210,9 @@ def render(data: dict) -> str:
              f"{', '.join(map(str, steps))} steps (the schedule stretched to the length; seed, "
              "lr, batch and scoring "
              "unchanged). Collapsed: one output for ≥ "
-             f"{stats.COLLAPSED_SHARE:.0%} of the test examples (a constant predictor). Δ: paired "
-             f"against {steps[0]} steps, 95% bootstrap CI over cells and test examples.", ""]
+             f"{stats.COLLAPSED_SHARE:.0%} of the test examples (a constant predictor)."
+             + (f" Δ: paired against {steps[0]} steps, 95% bootstrap CI over cells and test "
+                "examples." if len(steps) > 1 else ""), ""]
     if data.get("note"):
         lines += [f"Note: {data['note']}", ""]
     head = ["Task", "best constant"]
