@@ -17,13 +17,12 @@ deduplication; the document id carries the label (`sotu/1790_george_washington_n
   words, so a bag of words (or a model that discards word order) scores the 50% of chance;
   it is the suite's test of what the deshuffling objective gives up.
 
-Passages/paragraphs are runs of whole sentences of MIN_WORDS..MAX_WORDS words (Brown, SOTU:
-consecutive, non-overlapping; cloze: one window ending at each sentence end, so windows of one
-document overlap; word order: one passage per document chunk, as Brown's). Spam inputs are
-the first MAX_WORDS words of the body. Every input is also
-cut to MAX_CHARS characters at a word boundary. All of this is done on words/characters, so
-examples are vocabulary-independent; seqio trims the few longer token sequences (about 2% of
-spam inputs, non-Latin scripts) to `sequence_length`.
+Passages/paragraphs are runs of whole sentences of MIN_WORDS..MAX_WORDS words (Brown, SOTU and
+word order: consecutive, non-overlapping; cloze: one window ending at each sentence end, so
+windows of one document overlap). Spam inputs are the first MAX_WORDS words of the body. Every
+input is also cut to MAX_CHARS characters at a word boundary. All of this is done on
+words/characters, so examples are vocabulary-independent; seqio trims the few longer token
+sequences (about 2% of spam inputs, non-Latin scripts) to `sequence_length`.
 
 SOTU party: Democratic and Republican presidents keep their party; every other affiliation
 (Federalist, Democratic-Republican, Whig, Whig & Democratic, National Union, none) is "other"
