@@ -272,16 +272,22 @@ def _classification_examples(records: Iterable[dict]) -> dict[str, dict[str, lis
     return out
 
 
+def _unseen_split(corpus_split: str, doc_id: str, salt: str) -> str:
+    """The suite split of a c4like document for tasks whose answer is in the text: 'test' for
+    a c4like validation document (never pre-trained on), else 'validation' for one train
+    document in 10 (by a salted id hash), else 'train'."""
+    if corpus_split == "validation":
+        return "test"
+    return "validation" if _hash(f"{salt}:{doc_id}") % 10 == 0 else "train"
+
+
 def _cloze_examples(records_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """split -> capped cloze examples. Equal to capping all kept windows, but candidates are
     tried in cap order (lowest id hash first) so only about SPLIT_CAPS windows are checked."""
     candidates: dict[str, list[tuple[int, str, list[list[str]], int]]] = {s: [] for s in SPLITS}
     for corpus_split, records in records_by_split.items():
         for r in records:
-            if corpus_split == "validation":
-                split = "test"
-            else:
-                split = "validation" if _hash("cloze:" + r["id"]) % 10 == 0 else "train"
+            split = _unseen_split(corpus_split, r["id"], "cloze")
             sentences = [s.split() for line in r["text"].splitlines()
                          for s in clean.split_sentences(line)]
             for end in range(len(sentences)):
@@ -320,10 +326,7 @@ def _word_order_examples(records_by_split: dict[str, list[dict]]) -> dict[str, l
     candidates: dict[str, list[tuple[int, str, str]]] = {s: [] for s in SPLITS}
     for corpus_split, records in records_by_split.items():
         for r in records:
-            if corpus_split == "validation":
-                split = "test"
-            else:
-                split = "validation" if _hash("order:" + r["id"]) % 10 == 0 else "train"
+            split = _unseen_split(corpus_split, r["id"], "order")
             for k, passage in enumerate(_passages(r["text"], MIN_WORDS)):
                 example_id = f"{r['id']}#{k}"
                 candidates[split].append((_hash("pick:" + example_id), example_id, passage))
