@@ -72,7 +72,7 @@ DEFAULT_VARIANTS = (
 DEFAULT_TORCH = "base:128,small:128"
 DEFAULT_PROFILE = "base:128:cudnn,small:128:cudnn"
 SMOKE = dict(variants="tiny:8:xla,tiny:8:xla:cublas", torch="tiny:8", profile="tiny:8:xla",
-             rounds=2, steps=2, ready_by=240.0)
+             rounds=2, steps=2, ready_by=240.0)  # --smoke: these unless given explicitly
 
 
 def parse_variant(text: str) -> dict[str, Any]:
@@ -93,14 +93,15 @@ def parse_variant(text: str) -> dict[str, Any]:
             "options": options}
 
 
-def parse_torch(text: str) -> list[dict[str, Any]]:
-    """`model:batch` -> its eager and compiled PyTorch variants."""
+def parse_torch(text: str, modes: tuple[str, ...] = ("eager", "compile")
+                ) -> list[dict[str, Any]]:
+    """`model:batch` -> its PyTorch variants, eager and/or `torch.compile`d."""
     model, batch = text.split(":")
     model = ALIASES.get(model, model)
     if not bench_train.MODELS.get(model, {}).get("torch"):
         raise ValueError(f"torch variant {text!r}: no Hugging Face twin for {model}")
     return [{"name": f"torch:{text}:{mode}", "model": model, "batch": int(batch), "mode": mode}
-            for mode in ("eager", "compile")]
+            for mode in modes]
 
 
 # --- the per-kernel table ----------------------------------------------------------------------
@@ -772,6 +773,8 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", default=DEFAULT_VARIANTS)
     p.add_argument("--torch", default=DEFAULT_TORCH, help="model:batch list ('' for none)")
+    p.add_argument("--torch_modes", default="eager,compile",
+                   help="PyTorch variants per model: eager and/or compile (torch.compile)")
     p.add_argument("--profile", default=DEFAULT_PROFILE)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
@@ -814,7 +817,8 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
         args.torch_mem_fraction = 0.9 if args.torch_after_jax else 0.45
     start = time.monotonic()
     specs = [parse_variant(v) for v in args.variants.split(",") if v]
-    torch_specs = [t for v in args.torch.split(",") if v for t in parse_torch(v)]
+    modes = tuple(m for m in args.torch_modes.split(",") if m)
+    torch_specs = [t for v in args.torch.split(",") if v for t in parse_torch(v, modes)]
     profile_names = [v for v in args.profile.split(",") if v]
     log = out_dir / "gpu_step_rounds.jsonl"
     rows = ([json.loads(x) for x in log.read_text().splitlines() if x.strip()]
@@ -839,13 +843,16 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
     if seed and Path(seed).is_dir() and not (out_dir / "autotune_cache").exists():
         shutil.copytree(seed, out_dir / "autotune_cache")
     workers: dict[str, Worker] = {}
-    info: dict[str, Any] = {}
+    info: dict[str, Any] = {r["name"]: {k: v for k, v in r.items() if k not in ("kind", "name")}
+                            for r in rows if r["kind"] == "info"}  # compile times, memory
     header: dict[str, Any] = {"rounds": args.rounds, "steps": args.steps,
                               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                               "torch_after_jax": args.torch_after_jax}
     ready: dict[str, set] = {"jax": set(), "torch": set()}
     owner = {s["name"]: "jax" for s in todo} | {s["name"]: "torch" for s in todo_torch}
-    profiles: dict[str, Any] = {r["name"]: r for r in rows if r["kind"] == "profile"}
+    saved = out_dir / "gpu_step_profiles.json"
+    profiles: dict[str, Any] = (json.loads(saved.read_text()) if args.resume and saved.exists()
+                                else {})
 
     def launch(kind: str) -> None:
         if kind == "jax" and todo:
@@ -922,10 +929,17 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
                         (out_dir / "gpu_step_profiles.json").write_text(
                             json.dumps(profiles) + "\n")
 
+    def keep_info() -> None:
+        for name in owner:
+            if name in info and (not rows or all(
+                    r["kind"] != "info" or r["name"] != name for r in rows)):
+                record({"kind": "info", "name": name, **info[name]})
+
     end = start + args.budget_s
     if args.torch_after_jax:  # each side alone on the GPU (memory), ours first
         launch("jax")
         measure(min(end, start + args.jax_until))
+        keep_info()
         for w in workers.values():
             w.close()
         workers.clear()
@@ -935,6 +949,7 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
         launch("jax")
         launch("torch")
         measure(end)
+    keep_info()
     for w in workers.values():
         w.close()
     peak_row = next((r for r in rows if r.get("kind") == "peak" and "matmul" in r), {})

@@ -28,6 +28,8 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from t5x_like.aot import roofline
+
 GIB = 2**30
 
 
@@ -343,6 +345,12 @@ def compile_step(run: Run, target: Target, which: str,
     report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
     report.update(memory_report(compiled, target.hbm_bytes))
     report.update(cost_report(compiled))
+    device = step_model_device(target)
+    if device and which == "train":
+        flops = (run.model.flops_per_sequence(run.sequence_length) * run.batch_size
+                 / target.num_devices)
+        report["step_model"] = roofline.step_model(compiled.as_text(), device=device,
+                                                   model_flops=flops, top=8)
     out(f"[aot] {which} step compiled in {report['compile_s']} s")
     if dump:
         try:
@@ -350,6 +358,21 @@ def compile_step(run: Run, target: Target, which: str,
         finally:
             shutil.rmtree(dump, ignore_errors=True)
     return report
+
+
+#: Deviceless GPU compiles default to cuBLAS GEMMs: XLA cannot autotune Triton GEMM tiles
+#: without the GPU ("Couldn't find output tile sizes"), and on the H100 itself the autotuner
+#: chose cuBLAS/cuBLASLt for 103 of the 114 GEMMs of T5.1.1-base's step
+#: (benchmarks/h100/autotune_h100_jax0.11.2.textproto). `--xla_option` overrides it.
+DEVICELESS_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+
+
+def step_model_device(target: Target) -> str | None:
+    """The roofline device (`roofline.DEVICES`) of a GPU target, None when uncalibrated."""
+    if target.platform != "cuda":
+        return None
+    kind = target.device_kind.lower()
+    return next((name for name in roofline.DEVICES if name in kind), None)
 
 
 def gpu_kernels_from_dump(dump_dir: str, target_name: str) -> dict[str, dict[str, Any]]:
@@ -503,6 +526,14 @@ def format_report(report: Mapping[str, Any]) -> str:
     ratio = report.get("plan_over_compiler")
     if ratio:
         lines.append("planner / compiler: " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+    if report.get("attention_compiled_as", c["attention_impl"]) != c["attention_impl"]:
+        lines.append(f"note: attention {c['attention_impl']} compiled as "
+                     f"{report['attention_compiled_as']} here (cuDNN builds its graphs on "
+                     "the GPU)")
+    for name, s in report["steps"].items():
+        if s.get("step_model"):
+            lines.append(f"{name} {roofline.format_model(s['step_model'])} (predicted, per "
+                         "device)")
     for name, s in report["steps"].items():
         for kname, k in (s.get("kernels") or {}).items():
             smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
@@ -530,6 +561,8 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
     from t5x_like.train import partitioning as P
 
     out = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    if target.platform == "cuda":
+        compiler_options = {**DEVICELESS_GPU_OPTIONS, **(compiler_options or {})}
     run = build_run(target)
     out(f"[aot] {target.description}; {P.describe(run.mesh)}; rules {run.preset}")
     cfg = run.config
@@ -547,6 +580,10 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
                    "num_microbatches": run.num_microbatches,
                    "sequence_length": run.sequence_length,
                    "mesh": dict(run.mesh.shape), "preset": run.preset},
+        # cuDNN builds its attention graphs on the GPU: deviceless, jax's cuDNN path is
+        # unavailable and 'cudnn' compiles as XLA's attention (the step model says so).
+        "attention_compiled_as": ("xla" if target.platform != "cpu"
+                                  and cfg.attention_impl == "cudnn" else cfg.attention_impl),
         "steps": {},
         "compiler_options": dict(compiler_options or {}),
     }

@@ -1,0 +1,308 @@
+"""An offline step-time model: the roofline of every kernel of a compiled (optimised) HLO module.
+
+For each instruction the GPU runs (fusions, library calls, copies) the model counts the FLOPs
+of its matrix products (GEMM fusions, cuBLAS calls, cuDNN / Pallas attention) and the bytes it
+must move through HBM (every operand read once, every result written once), and predicts
+`max(flops / matmul_peak, bytes / hbm_bandwidth) + launch` seconds. The sum is the predicted
+step time; the model FLOPs over it, the MFU the step could reach if every kernel ran at its
+roofline. Loops (`while` with a known trip count: scanned layers, microbatches) count each trip.
+
+It reads the text of `compiled.as_text()` (after optimisation: fusion and library-call
+decisions are made), so it sees what the target's compiler chose, deviceless or not. It is a
+floor, not a simulation: kernels below their roofline (small GEMMs, uncoalesced reductions,
+attention with a dense bias) show up as measured/predicted ratios when calibrated against a
+profile (`benchmarks/h100/gpu_step.md`, `docs/scaling.md`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+#: One H100 SXM as measured on the lease machine: bf16 8192^3 matmul ~790 TFLOP/s (KINDS.md,
+#: up to 798), device-to-device copy ~3.0 TB/s counting reads and writes. Fused attention
+#: reaches about half the matmul rate even when it is compute-bound (softmax between the two
+#: products): cuDNN's best fwd+bwd on this chip was 413 TFLOP/s (benchmarks/h100/attention.md).
+H100 = {"matmul_flops": 790e12, "hbm_bytes_per_s": 3.0e12, "launch_s": 1.5e-6,
+        "attention_efficiency": 0.52, "peak_bf16_flops": 989e12}
+DEVICES = {"h100": H100, "h200": {**H100, "hbm_bytes_per_s": 4.3e12}}
+
+_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+          "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8,
+          "s64": 8, "u64": 8, "c64": 8, "c128": 16, "token": 0}
+_FREE = {"parameter", "constant", "get-tuple-element", "bitcast", "tuple", "opt-barrier",
+         "after-all", "partition-id", "replica-id", "reshape", "add-dependency", "domain"}
+_ARRAY = re.compile(r"\b(pred|[subfc]\d+|bf16|f8e\w+|token)\[([\d,]*)\]")
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*")
+_COMP = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s*\(.*\{\s*$")
+
+
+@dataclasses.dataclass
+class Op:
+    """One kernel of the step: its cost and where it comes from."""
+
+    name: str
+    kind: str  # gemm | attention | fusion | copy | other
+    flops: float
+    bytes: float
+    count: int
+    op_name: str
+
+    def compute_s(self, device: dict[str, float]) -> float:
+        rate = device["matmul_flops"] * (device["attention_efficiency"]
+                                         if self.kind == "attention" else 1.0)
+        return self.flops / rate
+
+    def seconds(self, device: dict[str, float]) -> float:
+        per = max(self.compute_s(device), self.bytes / device["hbm_bytes_per_s"])
+        return self.count * (per + device["launch_s"])
+
+    def bound(self, device: dict[str, float]) -> str:
+        memory = self.bytes / device["hbm_bytes_per_s"]
+        return "compute" if self.compute_s(device) >= memory else "memory"
+
+
+def array_shapes(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """`(bf16[2,3]{1,0}, f32[])` -> [('bf16', (2, 3)), ('f32', ())]."""
+    return [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in _ARRAY.findall(shape)]
+
+
+def shape_bytes(shape: str) -> float:
+    """Bytes of every array in an HLO shape (tuples summed)."""
+    return float(sum(_BYTES.get(t, 4) * math.prod(d) for t, d in array_shapes(shape)))
+
+
+def _split_instruction(line: str) -> tuple[str, str, str, str, str] | None:
+    """`%n = SHAPE opcode(OPERANDS), ATTRS` -> (name, shape, opcode, operands, attrs)."""
+    m = _DEF.match(line)
+    if not m:
+        return None
+    rest = line[m.end():]
+    if rest.startswith("("):  # a tuple shape: up to its closing parenthesis
+        end = _closing(rest, 0)
+        shape, rest = rest[:end + 1], rest[end + 1:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    op = re.match(r"([\w\-]+)\(", rest)
+    if not op:
+        return None
+    start = op.end() - 1
+    end = _closing(rest, start)
+    return m.group(1), shape, op.group(1), rest[start + 1:end], rest[end + 1:]
+
+
+def _closing(text: str, start: int) -> int:
+    """Index of the parenthesis closing the one at `text[start]` (the end if unbalanced)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += text[i] == "("
+        depth -= text[i] == ")"
+        if depth == 0:
+            return i
+    return len(text) - 1
+
+
+def parse_module(text: str) -> tuple[dict[str, list[str]], str]:
+    """HLO module text -> ({computation: instruction lines}, entry computation name)."""
+    comps: dict[str, list[str]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        m = _COMP.match(line)
+        if m:
+            current = m.group(1)
+            comps[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+        elif line.strip() == "}":
+            current = None
+        elif current is not None and _DEF.match(line):
+            comps[current].append(line)
+    if not entry:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return comps, entry
+
+
+def _dims_attr(attrs: str, key: str) -> list[int]:
+    """`lhs_contracting_dims={1,2}` or `"lhs_contracting_dimensions":["1"]` -> [1, 2]."""
+    m = re.search(key + r"=\{([\d,]*)\}", attrs)
+    if m:
+        return [int(x) for x in m.group(1).split(",") if x]
+    m = re.search('"' + key.replace("_dims", "_dimensions") + r'":\[([^\]]*)\]', attrs)
+    return [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+
+
+def _dot_flops(out_shape: str, lhs_shape: str, attrs: str) -> float:
+    """2 * (output elements) * (contracted size) of a dot / GEMM call."""
+    out = array_shapes(out_shape)
+    lhs = array_shapes(lhs_shape)
+    if not out or not lhs:
+        return 0.0
+    contracting = _dims_attr(attrs, "lhs_contracting_dims")
+    k = math.prod(lhs[0][1][d] for d in contracting if d < len(lhs[0][1])) if contracting else 1
+    return 2.0 * math.prod(out[0][1]) * k
+
+
+def _attention_flops(q_shape: str, k_shape: str, which: str) -> float:
+    """Attention matmul FLOPs for q `[B, Lq, H, D]`, k `[B, Lk, Hkv, D]`: the forward's two
+    products (4 B H Lq Lk D); a backward recomputes the scores and forms dP, dQ, dK, dV (10),
+    split by our kernel into dQ (3 products: 6) and dK/dV (4 products: 8)."""
+    q, k = array_shapes(q_shape), array_shapes(k_shape)
+    if not q or not k or len(q[0][1]) != 4 or len(k[0][1]) != 4:
+        return 0.0
+    b, lq, h, d = q[0][1]
+    lk = k[0][1][1]
+    factor = {"fwd": 4, "bwd": 10, "bwd_dq": 6, "bwd_dkdv": 8}[which]
+    return float(factor * b * h * lq * lk * d)
+
+
+def kernels(text: str) -> list[Op]:
+    """The ops the step runs, with counts (loops unrolled by their trip counts)."""
+    comps, entry = parse_module(text)
+    ops: dict[str, Op] = {}
+
+    def shapes_of(lines: list[str]) -> dict[str, str]:
+        out = {}
+        for line in lines:
+            parts = _split_instruction(line)
+            if parts:
+                out[parts[0]] = parts[1]
+        return out
+
+    def fused_flops(comp: str) -> float:
+        lines = comps.get(comp, [])
+        local = shapes_of(lines)
+        total = 0.0
+        for line in lines:
+            parts = _split_instruction(line)
+            if parts and parts[2] in ("dot", "convolution"):
+                lhs = re.findall(r"%([\w.\-]+)", parts[3])
+                total += _dot_flops(parts[1], local.get(lhs[0], "") if lhs else "", parts[4])
+            elif parts and parts[2] in ("fusion", "call"):
+                called = re.search(r"calls=%([\w.\-]+)", parts[4])
+                total += fused_flops(called.group(1)) if called else 0.0
+        return total
+
+    def walk(comp: str, times: int) -> None:
+        lines = comps.get(comp, [])
+        shapes = shapes_of(lines)
+        for line in lines:
+            parts = _split_instruction(line)
+            if not parts or parts[2] in _FREE:
+                continue
+            name, shape, opcode, operands, attrs = parts
+            names = re.findall(r"%([\w.\-]+)", operands)
+            if opcode == "while":
+                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
+                body = re.search(r"body=%([\w.\-]+)", attrs)
+                if body:
+                    walk(body.group(1), times * (int(trips.group(1)) if trips else 1))
+                continue
+            if opcode in ("call", "conditional", "async-start", "async-done"):
+                called = re.search(r"(?:to_apply|calls)=%([\w.\-]+)", attrs)
+                if called and opcode == "call":
+                    walk(called.group(1), times)
+                continue
+            io = shape_bytes(shape) + sum(shape_bytes(shapes.get(n, "")) for n in names)
+            meta = re.search(r'op_name="([^"]*)"', attrs)
+            op_name = meta.group(1) if meta else ""
+            flops, kind = 0.0, "copy" if opcode in ("copy", "transpose") else "other"
+            if opcode == "fusion":
+                called = re.search(r"calls=%([\w.\-]+)", attrs)
+                flops = fused_flops(called.group(1)) if called else 0.0
+                kind = "gemm" if flops else "fusion"
+            elif opcode in ("dot", "convolution"):
+                flops = _dot_flops(shape, shapes.get(names[0], "") if names else "", attrs)
+                kind = "gemm"
+            elif opcode == "custom-call":
+                target = re.search(r'custom_call_target="([^"]*)"', attrs)
+                target = target.group(1) if target else ""
+                flops, kind = _custom_call(target, shape, [shapes.get(n, "") for n in names],
+                                           attrs, op_name)
+            key = name
+            if key in ops:
+                ops[key].count += times
+            else:
+                ops[key] = Op(name, kind, flops, io, times, op_name)
+
+    walk(entry, 1)
+    return list(ops.values())
+
+
+def _custom_call(target: str, shape: str, operands: list[str], attrs: str,
+                 op_name: str) -> tuple[float, str]:
+    if "cublas" in target or "gemm" in target.lower():
+        first = re.match(r"\(?\s*([^,)]+\])", shape)
+        return _dot_flops(first.group(1) if first else shape, operands[0] if operands else "",
+                          attrs), "gemm"
+    if "fmha" in target:
+        which = "bwd" if "Backward" in target else "fwd"
+        return _attention_flops(operands[0], operands[1], which) if len(operands) > 1 else 0.0, \
+            "attention"
+    if "triton" in target or "pallas" in op_name:
+        which = next((w for w in ("bwd_dkdv", "bwd_dq", "fwd") if f"flash_{w}" in op_name),
+                     None)
+        if which and len(operands) > 1:
+            return _attention_flops(operands[0], operands[1], which), "attention"
+    return 0.0, "other"
+
+
+def step_model(text: str, *, device: str | dict[str, float] = "h100",
+               model_flops: float | None = None, top: int = 15) -> dict[str, Any]:
+    """Predicted step time of a compiled module: totals, by kind, and the top ops by time.
+
+    `model_flops`: the step's model FLOPs (`model.flops_per_sequence` x batch), for the MFU
+    ceiling `model_flops / predicted / peak`."""
+    dev = DEVICES[device] if isinstance(device, str) else device
+    ops = kernels(text)
+    total = sum(o.seconds(dev) for o in ops)
+    by_kind: dict[str, float] = collections.Counter()
+    for o in ops:
+        by_kind[o.kind] += o.seconds(dev)
+    groups: dict[tuple[str, str], list[Op]] = collections.defaultdict(list)
+    for o in ops:  # the same op in every layer is one row: layers_3 -> layers_*
+        groups[(o.kind, re.sub(r"layers_\d+", "layers_*", o.op_name) or o.name)].append(o)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(o.seconds(dev) for o in kv[1]))
+    out: dict[str, Any] = {
+        "device": dev, "predicted_ms": 1e3 * total,
+        "kernels": sum(o.count for o in ops),
+        "flops": sum(o.flops * o.count for o in ops),
+        "bytes": sum(o.bytes * o.count for o in ops),
+        "by_kind_ms": {k: 1e3 * v for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top": [{"op_name": key[-90:], "kind": kind, "count": sum(o.count for o in group),
+                 "ms": 1e3 * sum(o.seconds(dev) for o in group),
+                 "gflops": sum(o.flops * o.count for o in group) / 1e9,
+                 "mbytes": sum(o.bytes * o.count for o in group) / 1e6,
+                 "bound": group[0].bound(dev)} for (kind, key), group in ranked[:top]],
+    }
+    if model_flops:
+        out["model_flops"] = model_flops
+        out["mfu_ceiling"] = model_flops / total / dev["peak_bf16_flops"]
+    return out
+
+
+def format_model(model: dict[str, Any], measured_ms: float | None = None) -> str:
+    """A few lines: predicted step, MFU ceiling, time by kind and the top ops."""
+    lines = [f"step model (roofline at {model['device']['matmul_flops'] / 1e12:.0f} TFLOP/s, "
+             f"{model['device']['hbm_bytes_per_s'] / 1e12:.1f} TB/s): predicted "
+             f"{model['predicted_ms']:.1f} ms over {model['kernels']} kernels"
+             + (f", MFU ceiling {100 * model['mfu_ceiling']:.1f}%" if "mfu_ceiling" in model
+                else "")
+             + (f"; measured {measured_ms:.1f} ms (x{measured_ms / model['predicted_ms']:.2f})"
+                if measured_ms else "")]
+    lines.append("  by kind: " + ", ".join(f"{k} {v:.1f} ms" for k, v in
+                                           model["by_kind_ms"].items()))
+    for r in model["top"]:
+        lines.append(f"  {r['ms']:7.2f} ms  {r['kind']:9s} {r['bound']:7s} x{r['count']:<4d} "
+                     f"{r['mbytes'] / 1e3:7.2f} GB {r['gflops'] / 1e3:7.2f} TFLOP  "
+                     f"{r['op_name'][-75:]}")
+    return "\n".join(lines)
+
+
+def kinds_summary(models: Iterable[dict[str, Any]]) -> str:
+    """JSON of the by-kind predictions of several models (for reports)."""
+    return json.dumps([m["by_kind_ms"] for m in models])
