@@ -50,6 +50,8 @@ class Config:
                         for b in self.bindings)
         extra += "".join("-" + o.split("=")[0].replace("xla_gpu_enable_", "no_")
                          for o in self.xla_options if o.endswith("=false"))
+        extra += "".join("-" + o.split("=")[0].replace("xla_gpu_enable_", "")
+                         for o in self.xla_options if o.endswith("=true"))
         return f"{self.model}-{self.sharding}-{self.target}{extra}"
 
     def argv(self, json_out: str) -> list[str]:
@@ -60,10 +62,12 @@ class Config:
 
 
 REMAT_MIN = "TransformerConfig.remat_policy='minimal'"
-#: Deviceless XLA:GPU (jax 0.10.2) fails on the T5 train steps with "Couldn't find output tile
-#: sizes" for a Triton GEMM fusion (decoder out-projection, M = 16 x 114 rows); cuBLAS GEMMs
-#: compile. The failing compiles are kept in the table beside these.
-NO_TRITON_GEMM = ("xla_gpu_enable_triton_gemm=false",)
+#: Deviceless GPU compiles use cuBLAS GEMMs by default (`aot.step.DEVICELESS_GPU_OPTIONS`):
+#: XLA cannot tile Triton GEMMs without the GPU ("Couldn't find output tile sizes"). One row
+#: asks for Triton GEMMs to keep that failure on record.
+TRITON_GEMM = ("xla_gpu_enable_triton_gemm=true",)
+CUDNN = "TransformerConfig.attention_impl='cudnn'"
+PALLAS = "TransformerConfig.attention_impl='pallas'"
 CONFIGS: tuple[Config, ...] = (
     # The quick "does not fit" answer: tiny model, absurd batch, 16 GiB v5e chips.
     Config("tiny", "data_parallel", "v5e-16", ("train.batch_size=65536",)),
@@ -75,15 +79,16 @@ CONFIGS: tuple[Config, ...] = (
     Config("t5_1_1_base", "fsdp_tp", "v5e-16"),
     Config("t5_1_1_base", "data_parallel", "v5e-16", (REMAT_MIN,)),
     Config("t5_1_1_small", "data_parallel", "8xh100"),
+    Config("t5_1_1_small", "data_parallel", "8xh100", (CUDNN,)),
+    Config("t5_1_1_small", "data_parallel", "8xh100", (PALLAS,)),
     Config("t5_1_1_base", "data_parallel", "8xh100"),
+    Config("t5_1_1_base", "data_parallel", "8xh100", (CUDNN,)),
+    Config("t5_1_1_base", "data_parallel", "8xh100", (PALLAS,)),
     Config("t5_1_1_base", "fsdp", "8xh100"),
     Config("t5_1_1_base", "fsdp_tp", "8xh100"),
-    Config("t5_1_1_small", "data_parallel", "8xh100", xla_options=NO_TRITON_GEMM),
-    Config("t5_1_1_base", "data_parallel", "8xh100", xla_options=NO_TRITON_GEMM),
-    Config("t5_1_1_base", "fsdp", "8xh100", xla_options=NO_TRITON_GEMM),
-    Config("t5_1_1_base", "fsdp_tp", "8xh100", xla_options=NO_TRITON_GEMM),
+    Config("t5_1_1_small", "data_parallel", "8xh100", xla_options=TRITON_GEMM),
     Config("t5_1_1_large", "fsdp", "v5e-16", heavy=True),  # > 24 GB host RAM
-    Config("t5_1_1_large", "fsdp", "8xh100", xla_options=NO_TRITON_GEMM),
+    Config("t5_1_1_large", "fsdp", "8xh100"),
     Config("t5_1_1_xxl", "fsdp", "v5p-128", ("train.batch_size=2048", REMAT_MIN), heavy=True),
 )
 
@@ -182,7 +187,7 @@ def render(results: dict[str, Any]) -> str:
         rep = res.get("report")
         if rep is None:
             rows.append(f"| {cfg.model} | {cfg.sharding} | {cfg.target} | failed (exit "
-                        f"{res['returncode']}) |" + " - |" * 11)
+                        f"{res['returncode']}) |" + " - |" * 12)
             continue
         t, c = rep["target"], rep["config"]
         s = rep["steps"]["train"]
@@ -197,6 +202,9 @@ def render(results: dict[str, Any]) -> str:
         temp = (_gib(b.get("temp")) if b else f"{_gib(s['oom_temp_bytes'])} (OOM message)"
                 if s.get("oom_temp_bytes") else "-")
         flops = r.get("flops", "-") if t["platform"] != "cuda" else "n/a (XLA:GPU)"
+        sm = s.get("step_model")
+        model = (f"{sm['predicted_ms']:.0f} ms, {100 * sm['mfu_ceiling']:.0f}%"
+                 if sm and sm.get("mfu_ceiling") else "-")
         opts = "".join(f" `{o}`" for o in cfg.xla_options)
         rows.append(
             f"| {cfg.model} | {cfg.sharding}{opts} | {t['name']} ({t['num_devices']} x "
@@ -206,12 +214,13 @@ def render(results: dict[str, Any]) -> str:
             f"{_gib((plans.get('accelerator') or {}).get('total'))} | "
             f"{r.get('state', '-')} | {q.get('accelerator_temp', '-')} | "
             f"**{q.get('accelerator_total', '-')}** | {q.get('cpu_temp', '-')} | "
-            f"{q.get('cpu_total', '-')} | {flops} |")
+            f"{q.get('cpu_total', '-')} | {flops} | {model} |")
     head = ("| model | sharding | target | mesh (data x fsdp x model) | batch / remat | compile |"
             " XLA args GiB | XLA temp GiB | XLA peak GiB | HBM GiB | fits | planner GiB |"
             " plan/XLA state | plan/XLA temp | plan/XLA total | every-residual plan/XLA temp |"
-            " every-residual plan/XLA total | plan/XLA FLOPs |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            " every-residual plan/XLA total | plan/XLA FLOPs | step model (predicted, MFU "
+            "ceiling) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     return head + "\n" + "\n".join(rows) + "\n"
 
 

@@ -254,6 +254,30 @@ def reclassify(profile: dict[str, Any], hlo_text: str | None) -> dict[str, Any]:
     return out
 
 
+#: The step model's kinds (t5x_like.aot.roofline) for the profile's kinds.
+MODEL_KIND = {"gemm (cuBLAS)": "gemm", "gemm (Triton)": "gemm", "attention (cuDNN)": "attention",
+              "attention (Pallas)": "attention", "copy / transpose": "copy"}
+
+
+def calibrate(profile: dict[str, Any], hlo_text: str) -> dict[str, Any]:
+    """The offline step model of the profiled module against the measured kernels, by kind:
+    measured ms, predicted (roofline) ms and their ratio; `model_flops` from the profile row."""
+    from t5x_like.aot import roofline
+
+    model = roofline.step_model(hlo_text, top=10)
+    measured: dict[str, float] = collections.Counter()
+    for kind, ms in profile["by_kind_ms"].items():
+        measured[MODEL_KIND.get(kind, "fusion")] += ms
+    kinds = sorted(set(measured) | set(model["by_kind_ms"]), key=lambda k: -measured.get(k, 0))
+    rows = {k: {"measured_ms": measured.get(k, 0.0),
+                "predicted_ms": model["by_kind_ms"].get(k, 0.0)} for k in kinds}
+    rows["total"] = {"measured_ms": profile["kernel_ms_per_step"],
+                     "predicted_ms": model["predicted_ms"]}
+    for r in rows.values():
+        r["ratio"] = r["measured_ms"] / r["predicted_ms"] if r["predicted_ms"] else None
+    return {"by_kind": rows, "device": model["device"], "top": model["top"]}
+
+
 def load_trace(trace_dir: str) -> list[dict]:
     """The events of the perfetto/chrome trace `jax.profiler` wrote under `trace_dir`."""
     files = sorted(Path(trace_dir).rglob("*.trace.json.gz")) or sorted(
@@ -437,7 +461,8 @@ def _profile(v: JaxVariant, steps: int, out_dir: Path) -> dict[str, Any]:
         step_s, _ = v.run(steps)
         jax.profiler.stop_trace()
         events = load_trace(d)
-    return {"profile": reduce_trace(events, hlo_index(hlo_text), steps, step_s),
+    profile = reduce_trace(events, hlo_index(hlo_text), steps, step_s)
+    return {"profile": profile, "step_model": calibrate(profile, hlo_text),
             "hlo_file": f"hlo_{slug}.txt.gz"}
 
 
@@ -761,6 +786,19 @@ def write_report(summary: dict[str, Any], header: dict[str, Any], profiles: dict
         lines += ["", "| region (of the kernels below; library kernels inside a CUDA graph "
                   "carry no HLO op: unknown) | ms/step |", "|---|---|"]
         lines += [f"| {k} | {ms:.2f} |" for k, ms in regions.items()]
+        cal = p.get("step_model")
+        if cal:
+            dev = cal["device"]
+            lines += ["", f"Against the offline step model (`t5x_like.aot.roofline`: each kernel "
+                      f"of this HLO at max(FLOPs / {dev['matmul_flops'] / 1e12:.0f} TFLOP/s, "
+                      f"bytes / {dev['hbm_bytes_per_s'] / 1e12:.1f} TB/s), attention at "
+                      f"{dev['attention_efficiency']:.2f} of the matmul rate):", "",
+                      "| kind | measured ms | predicted ms | measured / predicted |",
+                      "|---|---|---|---|"]
+            for k, r in cal["by_kind"].items():
+                ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+                lines.append(f"| {k} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | "
+                             f"{ratio} |")
         lines += ["", "| kernel | HLO op | kind | region | calls/step | ms/step |",
                   "|---|---|---|---|---|---|"]
         for r in pr["top"][:25]:
@@ -974,6 +1012,7 @@ def render(out_dir: Path, hlo_tar: str | None = None) -> None:
                 if "profile" in row and member in tar.getnames():
                     text = gzip.decompress(tar.extractfile(member).read()).decode()
                     row["profile"] = reclassify(row["profile"], text)
+                    row["step_model"] = calibrate(row["profile"], text)
     summary = {k: saved.pop(k) for k in ("variants", "peak_tflops") if k in saved}
     write_report(summary, saved, profiles, out_dir)
 

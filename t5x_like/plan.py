@@ -44,6 +44,7 @@ import collections
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -593,6 +594,9 @@ def _fit_advice(fix: Mapping[str, Any] | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m t5x_like.plan``; returns the exit status."""
     from t5x_like.train import cli
+
+    if not os.environ.get("JAX_PLATFORMS"):  # shapes and arithmetic only: never initialise a
+        jax.config.update("jax_platforms", "cpu")  # GPU/TPU plugin (a venv may hold them)
 
     p = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__.split("\n")[0])
     p.add_argument("--gin_file", action="append", default=[])

@@ -307,3 +307,21 @@ def test_cli_names_the_flags_that_fit_and_they_do(capsys) -> None:
     assert out["fits"] and out["remat"] == "full" and out["preset"] == "data_parallel"
     assert PL.main([*base[:3], "--device_memory_gb=0.01", "--recommend"]) == 1
     assert "nothing fits 0.01 GiB on 8 devices at batch 128" in capsys.readouterr().err
+
+
+def test_cli_in_a_venv_with_gpu_plugins_never_initialises_them() -> None:
+    """`python -m t5x_like.plan` from .venv-aot (CUDA and TPU plugins installed, no GPU) used
+    to print a CUDA plugin traceback: the planner only needs the CPU."""
+    import os
+    import subprocess
+
+    aot_python = REPO / ".venv-aot" / "bin" / "python"
+    if not aot_python.exists():
+        pytest.skip("no .venv-aot here (make install-aot; CI builds it for check-kernels)")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    proc = subprocess.run(
+        [str(aot_python), "-m", "t5x_like.plan", "--gin_file=gin/models/t5_1_1_small.gin",
+         "--gin_file=gin/runs/pretrain.gin", "--num_devices=1", "--device_memory_gb=80"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True)
+    assert "Traceback" not in proc.stderr and "Unable to load CUDA" not in proc.stderr
+    assert "GiB" in proc.stdout

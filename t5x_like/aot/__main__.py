@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--xla_option", action="append", default=[], metavar="KEY=VALUE",
                    help="XLA debug option for the compile, e.g. "
                         "xla_gpu_enable_triton_gemm=false (repeatable)")
+    p.add_argument("--hlo_out", default=None, metavar="PREFIX",
+                   help="write each step's optimised HLO to PREFIX.<step>.hlo.txt.gz (read by "
+                        "t5x_like.aot.roofline)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
@@ -132,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.parse_gin(args.gin_file, bindings, args.gin_search_paths)
         report = A.run_report(target, STEPS[args.step], gin_files=args.gin_file,
                               bindings=bindings, with_plan=not args.no_plan, log=log,
-                              compiler_options=options)
+                              compiler_options=options, hlo_prefix=args.hlo_out)
     except (ValueError, cli.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

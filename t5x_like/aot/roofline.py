@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
+import functools
 import math
 import re
-from collections.abc import Iterable
 from typing import Any
 
 #: One H100 SXM as measured on the lease machine: bf16 8192^3 matmul ~790 TFLOP/s (KINDS.md,
@@ -187,6 +186,48 @@ def kernels(text: str) -> list[Op]:
                 total += fused_flops(called.group(1)) if called else 0.0
         return total
 
+    @functools.cache
+    def accesses(comp: str) -> tuple[dict[int, float | None], float | None]:
+        """Per parameter of a fused computation, the bytes it really reads (None: all of it),
+        and the bytes written when the root updates a parameter in place (None: the output)."""
+        lines = comps.get(comp, [])
+        parsed = [p for p in (_split_instruction(line) for line in lines) if p]
+        by_name = {p[0]: p for p in parsed}
+        params = {p[0]: int(re.search(r"parameter\((\d+)\)", f"{p[2]}({p[3]})").group(1))
+                  for p in parsed if p[2] == "parameter"}
+        users: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+        for p in parsed:
+            for pos, operand in enumerate(re.findall(r"%([\w.\-]+)", p[3])):
+                users[operand].append((p[0], pos))
+        reads: dict[int, float | None] = {}
+        for name, index in params.items():
+            total = 0.0
+            for user, pos in users.get(name, []):
+                op = by_name[user]
+                if op[2] in ("dynamic-slice", "slice", "gather") and pos == 0:
+                    total += shape_bytes(op[1])
+                elif op[2] == "dynamic-update-slice" and pos == 0:
+                    continue  # aliased with the output, updated in place
+                else:
+                    total = None
+                    break
+            reads[index] = total
+        root = next((p for p in parsed if any(
+            line.lstrip().startswith(f"ROOT %{p[0]} ") for line in lines)), None)
+        written = None
+        if root and root[2] == "dynamic-update-slice":
+            update = re.findall(r"%([\w.\-]+)", root[3])[1]
+            written = shape_bytes(by_name[update][1]) if update in by_name else None
+        return reads, written
+
+    def fusion_bytes(comp: str, operand_shapes: list[str], out_shape: str) -> float:
+        reads, written = accesses(comp)
+        total = shape_bytes(out_shape) if written is None else written
+        for i, shape in enumerate(operand_shapes):
+            part = reads.get(i)
+            total += shape_bytes(shape) if part is None else min(part, shape_bytes(shape))
+        return total
+
     def walk(comp: str, times: int) -> None:
         lines = comps.get(comp, [])
         shapes = shapes_of(lines)
@@ -208,6 +249,11 @@ def kernels(text: str) -> list[Op]:
                     walk(called.group(1), times)
                 continue
             io = shape_bytes(shape) + sum(shape_bytes(shapes.get(n, "")) for n in names)
+            if opcode == "fusion":  # slices read and in-place updates write only their part
+                called = re.search(r"calls=%([\w.\-]+)", attrs)
+                if called:
+                    io = fusion_bytes(called.group(1), [shapes.get(n, "") for n in names],
+                                      shape)
             meta = re.search(r'op_name="([^"]*)"', attrs)
             op_name = meta.group(1) if meta else ""
             flops, kind = 0.0, "copy" if opcode in ("copy", "transpose") else "other"
@@ -303,6 +349,33 @@ def format_model(model: dict[str, Any], measured_ms: float | None = None) -> str
     return "\n".join(lines)
 
 
-def kinds_summary(models: Iterable[dict[str, Any]]) -> str:
-    """JSON of the by-kind predictions of several models (for reports)."""
-    return json.dumps([m["by_kind_ms"] for m in models])
+def main(argv: list[str] | None = None) -> int:
+    """`python -m t5x_like.aot.roofline HLO.txt[.gz] [--measured_ms MS] [--model_flops F]`:
+    the step model of a dumped module (`python -m t5x_like.aot --hlo_out`, or the optimised
+    HLO a GPU lease brought back)."""
+    import argparse
+    import gzip
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m t5x_like.aot.roofline",
+                                description=main.__doc__.splitlines()[0])
+    p.add_argument("hlo", help="optimised HLO text (.gz read as gzip)")
+    p.add_argument("--device", default="h100", choices=sorted(DEVICES))
+    p.add_argument("--measured_ms", type=float, default=None, help="the measured step, to compare")
+    p.add_argument("--model_flops", type=float, default=None, help="model FLOPs per step (MFU)")
+    p.add_argument("--top", type=int, default=15)
+    args = p.parse_args(argv)
+    opener = gzip.open if args.hlo.endswith(".gz") else open
+    try:
+        with opener(args.hlo, "rt") as f:
+            text = f.read()
+        model = step_model(text, device=args.device, model_flops=args.model_flops, top=args.top)
+    except (OSError, ValueError) as err:
+        print(f"error: {args.hlo}: {err}", file=sys.stderr)
+        return 2
+    print(format_model(model, args.measured_ms))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

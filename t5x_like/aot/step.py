@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import importlib
 import math
 import re
@@ -295,10 +296,12 @@ _OOM = re.compile(r"(ran out of memory|exceeds available|resource.?exhausted|out
 
 def compile_step(run: Run, target: Target, which: str,
                  log: Callable[[str], None] | None = None,
-                 compiler_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 compiler_options: Mapping[str, str] | None = None,
+                 hlo_out: str | None = None) -> dict[str, Any]:
     """Lower + compile one step; returns its report (see `memory_report`), or the compiler's
     error with `compiled: False` (and `fits: False` when the error is an out-of-memory).
-    `compiler_options`: XLA debug options for this compile (`{'xla_gpu_...': 'false'}`)."""
+    `compiler_options`: XLA debug options for this compile (`{'xla_gpu_...': 'false'}`);
+    `hlo_out`: write the optimised HLO text there (gzipped), e.g. for `t5x_like.aot.roofline`."""
     out = log or (lambda s: print(s, file=sys.stderr, flush=True))
     t0 = time.monotonic()
     try:
@@ -345,6 +348,9 @@ def compile_step(run: Run, target: Target, which: str,
     report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
     report.update(memory_report(compiled, target.hbm_bytes))
     report.update(cost_report(compiled))
+    if hlo_out:
+        with gzip.open(hlo_out, "wt") as f:
+            f.write(compiled.as_text())
     device = step_model_device(target)
     if device and which == "train":
         flops = (run.model.flops_per_sequence(run.sequence_length) * run.batch_size
@@ -554,8 +560,10 @@ def format_report(report: Mapping[str, Any]) -> str:
 def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: Sequence[str] = (),
                bindings: Sequence[str] = (), with_plan: bool = True,
                log: Callable[[str], None] | None = None,
-               compiler_options: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Everything `python -m t5x_like.aot` reports for an already-parsed gin config."""
+               compiler_options: Mapping[str, str] | None = None,
+               hlo_prefix: str | None = None) -> dict[str, Any]:
+    """Everything `python -m t5x_like.aot` reports for an already-parsed gin config
+    (`hlo_prefix`: also write each step's optimised HLO to `<prefix>.<step>.hlo.txt.gz`)."""
     import jax
 
     from t5x_like.train import partitioning as P
@@ -588,7 +596,8 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
         "compiler_options": dict(compiler_options or {}),
     }
     for which in steps:
-        report["steps"][which] = compile_step(run, target, which, out, compiler_options)
+        hlo_out = f"{hlo_prefix}.{which}.hlo.txt.gz" if hlo_prefix else None
+        report["steps"][which] = compile_step(run, target, which, out, compiler_options, hlo_out)
     train = report["steps"].get("train")
     if with_plan:
         t0 = time.monotonic()

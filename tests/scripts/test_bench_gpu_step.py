@@ -124,3 +124,15 @@ def test_variant_names_are_checked() -> None:
         else:
             raise AssertionError(bad)
     assert [t["mode"] for t in B.parse_torch("small:32")] == ["eager", "compile"]
+
+
+def test_the_committed_h100_report_rebuilds_byte_identically(tmp_path) -> None:
+    """benchmarks/h100/gpu_step.md is what --render makes of the lease's JSON and HLO (the
+    profiles reclassified, the step model calibrated against them)."""
+    h100 = REPO / "benchmarks" / "h100"
+    (tmp_path / "gpu_step.json").write_text((h100 / "gpu_step.json").read_text())
+    B.render(tmp_path, str(h100 / "raw" / "gpu_step_hlo.tar"))
+    assert (tmp_path / "gpu_step.md").read_text() == (h100 / "gpu_step.md").read_text()
+    cal = json.loads((tmp_path / "gpu_step.json").read_text())["profiles"]["base:128:cudnn"]
+    gemm = cal["step_model"]["by_kind"]["gemm"]
+    assert 0.8 < gemm["ratio"] < 1.25  # GEMMs run at their roofline on the H100
