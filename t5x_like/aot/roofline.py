@@ -2,7 +2,8 @@
 
 For each instruction the GPU runs (fusions, library calls, copies) the model counts the FLOPs
 of its matrix products (GEMM fusions, cuBLAS calls, cuDNN / Pallas attention) and the bytes it
-must move through HBM (every operand read once, every result written once), and predicts
+must move through HBM (every operand read once, or only the slice a fusion reads of it; every
+result written once, or only the part an in-place update writes), and predicts
 `max(flops / matmul_peak, bytes / hbm_bandwidth) + launch` seconds. The sum is the predicted
 step time; the model FLOPs over it, the MFU the step could reach if every kernel ran at its
 roofline. Loops (`while` with a known trip count: scanned layers, microbatches) count each trip.

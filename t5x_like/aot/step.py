@@ -348,15 +348,16 @@ def compile_step(run: Run, target: Target, which: str,
     report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
     report.update(memory_report(compiled, target.hbm_bytes))
     report.update(cost_report(compiled))
+    device = step_model_device(target)
+    text = compiled.as_text() if hlo_out or (device and which == "train") else ""
     if hlo_out:
         with gzip.open(hlo_out, "wt") as f:
-            f.write(compiled.as_text())
-    device = step_model_device(target)
+            f.write(text)
     if device and which == "train":
         flops = (run.model.flops_per_sequence(run.sequence_length) * run.batch_size
                  / target.num_devices)
-        report["step_model"] = roofline.step_model(compiled.as_text(), device=device,
-                                                   model_flops=flops, top=8)
+        report["step_model"] = roofline.step_model(text, device=device, model_flops=flops,
+                                                   top=8)
     out(f"[aot] {which} step compiled in {report['compile_s']} s")
     if dump:
         try:
@@ -589,7 +590,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
                    "sequence_length": run.sequence_length,
                    "mesh": dict(run.mesh.shape), "preset": run.preset},
         # cuDNN builds its attention graphs on the GPU: deviceless, jax's cuDNN path is
-        # unavailable and 'cudnn' compiles as XLA's attention (the step model says so).
+        # unavailable and 'cudnn' compiles as XLA's attention (format_report says so).
         "attention_compiled_as": ("xla" if target.platform != "cpu"
                                   and cfg.attention_impl == "cudnn" else cfg.attention_impl),
         "steps": {},
