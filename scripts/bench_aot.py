@@ -206,6 +206,11 @@ def render(results: dict[str, Any]) -> str:
         model = (f"{sm['predicted_ms']:.0f} ms, {100 * sm['mfu_ceiling']:.0f}%"
                  if sm and sm.get("mfu_ceiling") else "-")
         opts = "".join(f" `{o}`" for o in cfg.xla_options)
+        if c.get("attention_impl", "xla") != "xla":
+            opts += f", {c['attention_impl']} attention" + (
+                f" (compiled as {rep['attention_compiled_as']})"
+                if rep.get("attention_compiled_as", c["attention_impl"]) != c["attention_impl"]
+                else "")
         rows.append(
             f"| {cfg.model} | {cfg.sharding}{opts} | {t['name']} ({t['num_devices']} x "
             f"{t['device_kind']}) | ({mesh}) | {c['batch_size']} / {c['remat']} | {status}, "
@@ -306,17 +311,27 @@ NOTES = """
   (`plan._fusion_roots_*`, `plan(..., compiler='accelerator')`); the every-residual model was
   2.3-2.7x XLA:TPU's peak. Parameters and
   optimizer state are exact (0.9995-1.0001), FLOPs within 2% (0.981-0.987).
-- **XLA:GPU, deviceless (jax 0.10.2): the T5 train steps do not compile** with the default
-  Triton GEMMs: `Couldn't find output tile sizes that satisfy hlo` on the decoder
-  self-attention out-projection (`bf16[1824, d_model]`, 1824 = 16 sequences x 114 targets per
-  GPU), for T5-small and T5-base, data parallel, FSDP and FSDP+TP. `xla_gpu_autotune_level=0`
-  fails the same way; `xla_gpu_enable_triton_gemm=false` (cuBLAS) compiles. Whether a real
-  H100 (with autotuning) hits it is unverified: no GPU was available.
-- **Planner, XLA:GPU (not calibrated).** With cuBLAS GEMMs, XLA:GPU keeps more than XLA:TPU
-  (no convert/epilogue fusion into the GEMMs): the fused estimate is 0.67x of its peak for
-  T5-small data parallel on 8 x H100 (0.60-0.69x for the T5-base / T5-large rows), the
-  every-residual one 1.69x. Calibrating GPU needs the
-  Triton-GEMM path that real GPUs take, i.e. a compile that succeeds with it.
+- **XLA:GPU, deviceless (jax 0.10.2): cuBLAS GEMMs by default.** With Triton GEMMs the T5
+  train steps do not compile deviceless: `Couldn't find output tile sizes that satisfy hlo`
+  on the decoder self-attention out-projection (`bf16[1824, d_model]`, 1824 = 16 sequences x
+  114 targets per GPU; the `triton_gemm` row). On a real H100 (jax 0.11.2, with autotuning)
+  the same step compiles, and its autotuner chose cuBLAS/cuBLASLt for 103 of its 114 GEMMs
+  (`h100/autotune_h100_jax0.11.2.textproto`), so `python -m t5x_like.aot` now compiles GPU
+  targets with `xla_gpu_enable_triton_gemm=false` unless told otherwise. The step model of the
+  deviceless T5-base Pallas step is within 3% of the one of the H100's own compile
+  (134.2 vs 138.0 ms, `h100/gpu_step.md`).
+- **`attention_impl='cudnn'` compiles as XLA attention deviceless**: cuDNN builds its graphs on
+  the GPU and jax's cuDNN path needs the library to trace, so those rows hold XLA's dense f32
+  scores (the planner, modelling cuDNN, reads 0.51-0.56x there). The Pallas rows compile the
+  real kernels.
+- **Step model (predicted, per GPU).** At the paper's batch split over 8 H100s (16 sequences
+  per GPU) it gives T5-base data parallel 14-22% MFU, against 41% for the whole batch on one
+  GPU: the optimizer's ~9 ms and the small GEMMs do not shrink with the per-GPU batch. Keep
+  the per-GPU batch at 128 or more on GPUs.
+- **Planner, XLA:GPU (not calibrated).** XLA:GPU keeps more than XLA:TPU (no convert/epilogue
+  fusion into cuBLAS GEMMs): the fused estimate is 0.61-0.70x of its peak for T5-small and
+  T5-base on 8 x H100 with XLA or Pallas attention (every sharding), the every-residual one
+  1.7-2.3x.
 - **Planner, tensor parallelism (fixed).** With 12 heads on a model axis of 8 (`fsdp_tp` on
   8 x H100: mesh (1, 1, 8)) the planner kept the attention activations whole because 12 % 8
   != 0; GSPMD pads the split instead (2 of 16 padded heads per GPU). Counting ceil(d / m) of
