@@ -9,13 +9,17 @@ it compiling and initialising. Here two long-lived workers hold every variant re
 - the PyTorch worker builds the same models in Hugging Face transformers (fp32 weights, bf16
   autocast, T5's Adafactor), eager and `torch.compile`d.
 
-The coordinator then runs rounds: in each, every variant times `--steps` steps (dispatched
-back to back as the trainer does, one sync at the end), in an order rotated round by round, so
-ours and PyTorch alternate on the same warm GPU. After the first round it traces the
-`--profile` variants with `jax.profiler` and reduces the trace on the machine to a per-kernel
-table (kernel, HLO op, kind, region, ms/step) and a sum by kind, small enough to come back from
-the lease; it also keeps each of them's optimised HLO and XLA's GEMM autotuning results
-(`autotune.textproto`, loadable offline with `--xla_gpu_load_autotune_results_from`).
+The coordinator then runs rounds: in each, every ready variant times `--steps` steps
+(dispatched back to back as the trainer does, one sync at the end), in an order rotated round
+by round, so ours and PyTorch alternate on the same warm GPU. Variants still compiling after
+`--ready_by` seconds join later rounds. `--torch_after_jax` runs PyTorch's rounds after ours
+instead, each side alone on the GPU (memory: Hugging Face's eager T5-base at batch 128 needs
+most of an 80 GB card). After the first round it traces the `--profile` variants with
+`jax.profiler` and reduces the trace on the machine to a per-kernel table (kernel, HLO op,
+kind, region, ms/step) and a sum by kind, small enough to come back from the lease, checked
+against the step model of the same HLO (`t5x_like.aot.roofline`); it also keeps their
+optimised HLO and XLA's autotuning results (`autotune.textproto`, loadable offline with
+`--xla_gpu_load_autotune_results_from`).
 
 Results go to `<out_dir>/gpu_step_rounds.jsonl` as they arrive (`--resume` keeps those and
 measures only the missing), then `gpu_step.{json,md}`. `--budget_s` stops starting new
@@ -24,7 +28,9 @@ measurements in time to write the report. On CPU it runs as a smoke test (tiny m
 
     python scripts/bench_gpu_step.py --out_dir $OUT [--rounds 3] [--steps 10]
         [--variants base:128:cudnn,base:128:cudnn:cublas,...] [--torch base:128,small:128]
-        [--profile base:128:cudnn] [--budget_s 480] [--resume]
+        [--profile base:128:cudnn] [--budget_s 480] [--torch_after_jax] [--resume]
+    python scripts/bench_gpu_step.py --render --out_dir benchmarks/h100 \
+        --hlo_tar benchmarks/h100/raw/gpu_step_hlo.tar
 
 A variant is `model:batch:attention[:options]`; models are bench_train's (`base` and `small`
 abbreviate `t5_1_1_base` / `t5_1_1_small`), options a name in `OPTION_SETS`.
@@ -836,7 +842,8 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
                    help="rewrite gpu_step.md from <out_dir>/gpu_step.json, measuring nothing; "
                         "with --hlo_tar, first reclassify the profiles' kernels against the "
                         "optimised HLO the lease brought back")
-    p.add_argument("--hlo_tar", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hlo_tar", default=None,
+                   help="with --render: the tar of optimised HLO a lease brought back")
     p.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--specs", help=argparse.SUPPRESS)
     args = p.parse_args()
