@@ -744,7 +744,10 @@ def write_report(summary: dict[str, Any], header: dict[str, Any], profiles: dict
         "one sync), median [min-max] over rounds. Ours: the trainer's jitted step (forward + "
         "backward + Adafactor, fp32 parameters, bf16 activations, packed random batches, "
         f"512/114). PyTorch: {header.get('torch_framework', 'not run')}, same shapes unpacked, "
-        "same Adafactor settings.", "",
+        "same Adafactor settings" + ("; its rounds ran after ours in the same call, each side "
+                                     "alone on the GPU, so the ratios pair round i with round "
+                                     "i but are not interleaved." if header.get("torch_after_jax")
+                                     else ", interleaved with ours."), "",
     ]
     if "peak_tflops" in summary:
         lines += [f"Matmul peak ({header.get('matmul', '')}, JAX, per round): "
