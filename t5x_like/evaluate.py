@@ -3,6 +3,13 @@
 `python -m t5x_like.evaluate --checkpoint=PRETRAIN_MODEL_DIR --out_dir=DIR [--tasks=a,b]
 [--finetune_steps=N] [--multitask] [--gin_file ... --gin.K=V]`
 
+The checkpoint's vocabulary is checked against its embedding before anything runs (as `infer`
+and `train` do). `--finetune_steps=0` evaluates the checkpoint as it is (zero-shot, nothing is
+fine-tuned: the test splits are scored with the task lengths and the user's gin bindings, the
+`--gin_file`s are not read).
+SIGTERM / Ctrl-C during a fine-tune saves it and exits 0 like `train` (re-running the same
+command resumes it); elsewhere it exits 128 + the signal number, keeping finished fine-tunes.
+
 For each task of `downstream.SUITE` (or `--tasks`), the trainer runs in-process with gin =
 the checkpoint's `config.gin` + `gin/runs/finetune.gin` (+ `--gin_file`s) and the bindings
 `SMALL_SCALE_BINDINGS`, then `train.init_params_path/task/sequence_length/model_dir/
@@ -32,6 +39,7 @@ if __name__ == "__main__":  # before the heavy imports below (2.5 s), which woul
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -40,7 +48,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from t5x_like import infer
+from t5x_like import flags, infer
 from t5x_like.train import cli
 from t5x_like.train.checkpoints import CheckpointUnreadableError
 
@@ -80,14 +88,16 @@ def finetune_bindings(checkpoint: str, task: str, sequence_length: dict[str, int
 
 def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[str, int],
              model_dir: str, steps: int, *, gin_files: Sequence[str] = (),
-             gin_bindings: Sequence[str] = ()) -> dict[str, Any]:
+             gin_bindings: Sequence[str] = (), vocabulary: str | None = None) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one fine-tune; returns a summary dict.
 
     `checkpoint`: the init params path (model dir or step dir); `config_dir`: the model dir
-    whose `config.gin` is the base config.
+    whose `config.gin` is the base config; `vocabulary`: its checked vocabulary (default: read
+    and checked by `checkpoint_vocabulary`). Raises trainer.Preempted (saved) on SIGTERM.
     """
-    base = infer.parse_model_config(config_dir)
-    vocabulary = base.get("vocabulary", "c4_32k")
+    if vocabulary is None:
+        vocabulary = checkpoint_vocabulary(config_dir, converted=not infer.checkpoint_steps(
+            config_dir), gin_bindings=gin_bindings)
     bindings = [*finetune_bindings(checkpoint, task, sequence_length, model_dir, steps,
                                    vocabulary), *gin_bindings]
     done = infer.checkpoint_steps(model_dir)
@@ -108,6 +118,25 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     summary.update(trained=True, seconds=round(time.perf_counter() - start, 1),
                    final_loss=last.get("loss"), step=infer.checkpoint_steps(model_dir)[-1])
     return summary
+
+
+def checkpoint_vocabulary(model_dir: str, *, converted: bool,
+                          gin_bindings: Sequence[str] = ()) -> str:
+    """The vocabulary fine-tuning and scoring use: `train.vocabulary` of the model dir's
+    `config.gin`, or of the user's `gin_bindings` when they bind it (finetune.gin's is
+    overridden by `finetune_bindings`), checked against the model's embedding
+    (`infer.model_vocabulary`: InferenceError naming both sizes); returns its name."""
+    bindings = infer.parse_model_config(model_dir, (), gin_bindings)
+    if "model" not in bindings:
+        raise cli.ConfigError(f"{model_dir}/config.gin binds no train.model")
+    name, _ = infer.model_vocabulary(bindings, model_dir, converted=converted)
+    gin.clear_config()
+    return name
+
+
+class Interrupted(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """SIGTERM / Ctrl-C stopped a fine-tune, which was saved (re-running resumes it); the
+    message says which and at what step."""
 
 
 def _check_classification(classification: str) -> None:
@@ -178,16 +207,34 @@ def results_markdown(results: dict[str, Any]) -> str:
     metrics = ", ".join(f"{_short(t)}: {_downstream().get_spec(t).primary_metric}"
                         for t in tasks)
     ft = results["finetune"]
+    how = ("not fine-tuned (zero-shot)" if not ft["steps"] else
+           f"fine-tuned {'once on the suite mixture' if ft['multitask'] else 'per task'} for "
+           f"{ft['steps']} steps")
     lines = [
         f"# Downstream evaluation of `{results['checkpoint']}`", "",
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
         "| " + " | ".join(ours) + " |", "| " + " | ".join(base) + " |", "",
-        f"Scores 0-100 on each test split ({metrics}); fine-tuned "
-        f"{'once on the suite mixture' if ft['multitask'] else 'per task'} for {ft['steps']} "
-        f"steps; classification by {_CLASSIFICATION_TEXT[ft.get('classification', 'decode')]}, "
+        f"Scores 0-100 on each test split ({metrics}); {how}; classification by "
+        f"{_CLASSIFICATION_TEXT[ft.get('classification', 'decode')]}, "
         "generation by greedy decoding.", "",
     ]
     return "\n".join(lines)
+
+
+def _finetune_run(init_path: str, model_dir: str, task: str, lengths: dict[str, int],
+                  ft_dir: str, steps: int, gin_files: Sequence[str],
+                  gin_bindings: Sequence[str], vocabulary: str) -> dict[str, Any]:
+    """`finetune`, with trainer.Preempted (the fine-tune was saved) as `Interrupted`."""
+    from t5x_like.train import trainer
+
+    try:
+        return finetune(init_path, model_dir, task, lengths, ft_dir, steps,
+                        gin_files=gin_files, gin_bindings=gin_bindings, vocabulary=vocabulary)
+    except trainer.Preempted:  # (gin re-raises it without its step: read the checkpoint's)
+        saved = infer.checkpoint_steps(ft_dir)
+        at = f"step {saved[-1]} of {steps}" if saved else "its start"
+        raise Interrupted(f"the fine-tune on {task} stopped at {at} (saved in {ft_dir})"
+                          ) from None
 
 
 def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] | None = None,
@@ -203,7 +250,11 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
     for t in tasks:
         ds.get_spec(t)  # unknown task -> ValueError naming close matches
     _check_classification(classification)
-    steps = int(finetune_steps or DEFAULT_FINETUNE_STEPS)
+    steps = DEFAULT_FINETUNE_STEPS if finetune_steps is None else int(finetune_steps)
+    if steps < 0:
+        raise ValueError(f"finetune_steps={steps} must be >= 0 (0: evaluate without fine-tuning)")
+    vocabulary = checkpoint_vocabulary(model_dir, converted=step is None,
+                                       gin_bindings=gin_bindings)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     start = time.perf_counter()
     runs: list[tuple[str, list[str], dict[str, int]]] = []
@@ -216,10 +267,15 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
     entries: dict[str, Any] = {}
     summaries = []
     for run_task, scored, lengths in runs:
-        ft_dir = os.path.join(out_dir, "finetune", run_task)
-        summaries.append(finetune(init_path, model_dir, run_task, lengths, ft_dir, steps,
-                                  gin_files=gin_files, gin_bindings=gin_bindings))
-        predictor = infer.load_predictor(ft_dir)
+        if steps:
+            ft_dir = os.path.join(out_dir, "finetune", run_task)
+            summaries.append(_finetune_run(init_path, model_dir, run_task, lengths, ft_dir,
+                                           steps, gin_files, gin_bindings, vocabulary))
+            predictor = infer.load_predictor(ft_dir)
+        else:  # zero-shot: the checkpoint itself, truncating as a fine-tune on the task would
+            predictor = infer.load_predictor(init_path, gin_bindings=[
+                f"train.sequence_length = {lengths!r}", f"train.vocabulary = {vocabulary!r}",
+                *gin_bindings])
         for t in scored:
             t0 = time.perf_counter()
             entries[t] = evaluate_task(predictor, t, out_dir, classification=classification)
@@ -234,8 +290,8 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
         "tasks": {t: entries[t] for t in tasks},
         "suite_average": mean("score"), "baseline_average": mean("baseline"),
         "finetune": {"steps": steps, "multitask": multitask, "classification": classification,
-                     "gin_files": [FINETUNE_GIN,
-                     *gin_files], "gin_bindings": [*SMALL_SCALE_BINDINGS, *gin_bindings],
+                     "gin_files": [FINETUNE_GIN, *gin_files] if steps else [],
+                     "gin_bindings": [*SMALL_SCALE_BINDINGS] * bool(steps) + [*gin_bindings],
                      "runs": summaries},
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -258,8 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="pre-trained model dir (or step dir)")
     p.add_argument("--out_dir", required=True)
     p.add_argument("--tasks", default=None, help="comma-separated subset of the suite")
-    p.add_argument("--finetune_steps", type=int, default=None,
-                   help=f"fine-tuning steps per run (default {DEFAULT_FINETUNE_STEPS})")
+    p.add_argument("--finetune_steps", type=flags.non_negative_int, default=None,
+                   help=f"fine-tuning steps per run (default {DEFAULT_FINETUNE_STEPS}; 0: score "
+                   "the checkpoint as it is, zero-shot)")
     p.add_argument("--multitask", action="store_true",
                    help="fine-tune once on the suite mixture instead of per task")
     p.add_argument("--classification", choices=CLASSIFICATION_MODES, default="rank",
@@ -270,20 +327,58 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
+    """SIGTERM outside a fine-tune (the trainer installs its own handler): stop like Ctrl-C."""
+    raise KeyboardInterrupt(signum)
+
+
 def main(argv: Sequence[str]) -> int:
-    """CLI entry point; 2 = bad checkpoint / task / gin config."""
+    """CLI entry point; 2 = bad flag / checkpoint / vocabulary / task / gin config, or an out
+    dir another run holds; 3 = a non-finite fine-tuning loss; 5 = a write failed; 0 after
+    SIGTERM / Ctrl-C saved a fine-tune (as `train`)."""
+    parser = build_parser()
     try:
         rest, gin_flags = cli.split_gin_flags(argv)
-        args = build_parser().parse_args(rest)
+    except cli.ConfigError as err:
+        parser.error(str(err))
+    args = parser.parse_args(rest)
+    from t5x_like.train.checkpoints import CheckpointSaveError
+    from t5x_like.train.model_dir_lock import ModelDirBusyError
+    from t5x_like.train.trainer import NonFiniteLossError
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
         tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
         results = evaluate_checkpoint(
             args.checkpoint, args.out_dir, tasks=tasks, finetune_steps=args.finetune_steps,
             multitask=args.multitask, classification=args.classification,
             gin_files=args.gin_file,
             gin_bindings=[*args.gin_bindings, *gin_flags])
-    except (infer.InferenceError, cli.ConfigError, CheckpointUnreadableError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (infer.InferenceError, cli.ConfigError, CheckpointUnreadableError, ValueError,
+            ModelDirBusyError, FileNotFoundError) as err:
+        print(f"error: {cli.error_message(err)}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as err:
+        print(f"error: {cli.error_message(err)}", file=sys.stderr)
+        return 3
+    except (CheckpointSaveError, OSError) as err:  # a write failed: exit 5, as train
+        if isinstance(err, OSError) and err.filename is None:
+            raise
+        what = (cli.error_message(err) if isinstance(err, CheckpointSaveError)
+                else f"{err.filename}: {err.strerror}")
+        print(f"error: {what}; re-run the same command once it can be written: finished "
+              "fine-tunes are kept", file=sys.stderr)
+        return 5
+    except Interrupted as stop:  # exit 0, as train does after saving on a signal
+        print(f"[t5x_like.evaluate] {stop}; re-run the same command to resume", flush=True)
+        return 0
+    except KeyboardInterrupt as err:
+        signum = int(err.args[0]) if err.args else int(signal.SIGINT)
+        print(f"[t5x_like.evaluate] interrupted ({signal.Signals(signum).name}): finished "
+              "fine-tunes are kept; re-run the same command to resume", flush=True)
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"[t5x_like.evaluate] suite average {results['suite_average']:.2f} (baseline "
           f"{results['baseline_average']:.2f}) in {results['seconds']}s -> "
           f"{os.path.join(args.out_dir, 'results.md')}", flush=True)

@@ -20,13 +20,14 @@ Prompts are built exactly as the feature converters build training examples:
 Every batch is padded to one shape (`batch_size` rows, or fewer rounded up to the mesh's batch
 shards when there are fewer inputs), so one compilation serves a whole call.
 
-`python -m t5x_like.infer` is the CLI (see `main`); errors in the checkpoint, the inputs or
-the gin config exit with status 2 and a message naming the problem.
+`python -m t5x_like.infer` is the CLI (see `main`); errors in the flags, the checkpoint, its
+vocabulary, the inputs or the gin config exit with status 2 and a message naming the problem.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,7 +35,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -42,12 +43,13 @@ import gin
 import jax
 import numpy as np
 
+from t5x_like import flags
 from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.train import checkpoints as C
 from t5x_like.train import cli
 from t5x_like.train import partitioning as P
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("t5x_like.infer")  # not `__main__` under `python -m t5x_like.infer`
 
 
 class InferenceError(ValueError):
@@ -168,7 +170,7 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     model = _MODELS.setdefault(bindings["model"].config, bindings["model"])
     lengths = bindings.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)  # unbound: converted
     sequence_length = {k: int(v) for k, v in dict(lengths).items()}
-    vocab_name = bindings.get("vocabulary", "c4_32k")
+    vocab_name, vocabulary = model_vocabulary(bindings, model_dir, converted=step is None)
     mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
     rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
@@ -188,11 +190,42 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
         hint = (f"other checkpoints: steps {others} (pass --step=N)" if others
                 else "no other checkpoint in this model dir")
         raise InferenceError(f"{err}; {hint}") from err
-    from t5x_like import data
-
-    return Predictor(model=model, params=params, vocabulary=data.get_vocabulary(vocab_name),
+    return Predictor(model=model, params=params, vocabulary=vocabulary,
                      vocabulary_name=vocab_name, sequence_length=sequence_length, mesh=mesh,
                      rules=rules, model_dir=model_dir, step=step)
+
+
+def check_vocabulary(name: str, embedding_rows: int, *,
+                     fix: str = "bind the checkpoint's own vocabulary: "
+                                "--gin.train.vocabulary=NAME_OR_PATH") -> Any:
+    """Loads vocabulary `name` and checks that its ids fit an embedding of `embedding_rows` rows
+    (`TransformerConfig.vocab_size`), as train's preflight does; returns the vocabulary.
+
+    Raises InferenceError naming both sizes and `fix`: a larger vocabulary would read ids past
+    the embedding (garbage, or NaN scores), which is never what was trained."""
+    from t5x_like.data.vocab import VocabularyError, check_fits
+
+    try:
+        return check_fits(name, embedding_rows, fix=f"Wrong vocabulary for this model; {fix}")
+    except VocabularyError as err:
+        raise InferenceError(str(err) if "ids past" in str(err)
+                             else f"vocabulary {name!r}: {err}") from err
+
+
+def model_vocabulary(bindings: Mapping[str, Any], model_dir: str, *,
+                     converted: bool) -> tuple[str, Any]:
+    """(name, vocabulary) of a parsed model config (`parse_model_config`), checked against its
+    model's embedding by `check_vocabulary`. A trained model dir that binds no
+    `train.vocabulary` was trained with train's default, 'c4_32k'; converted params
+    (`converted=True`) must name theirs (`python -m t5x_like.convert --vocabulary`)."""
+    name = bindings.get("vocabulary")
+    if name is None and converted:
+        raise InferenceError(
+            f"{model_dir}/config.gin binds no train.vocabulary, and converted params carry no "
+            "vocabulary of their own: pass --gin.train.vocabulary=NAME_OR_PATH (c4_32k, "
+            "c4like_8k or a SentencePiece .model) or convert again with --vocabulary")
+    name = str(name or "c4_32k")
+    return name, check_vocabulary(name, int(bindings["model"].config.vocab_size))
 
 
 # Tokenization ----------------------------------------------------------------------------------
@@ -209,12 +242,39 @@ def _tokens(predictor: Predictor, text: str, limit: int, eos: bool, what: str) -
     return ids + [EOS_ID] * eos
 
 
-def _warn_truncated(predictor: Predictor, total: int) -> None:
-    for what, n in sorted(_TRUNCATED.items()):
+#: Inside `one_truncation_warning`: what -> (truncated, total), reported when it exits.
+_DEFERRED: dict[str, tuple[int, int]] | None = None
+
+
+def _log_truncated(predictor: Predictor, counts: Mapping[str, tuple[int, int]]) -> None:
+    for what, (n, total) in sorted(counts.items()):
         limit = predictor.input_length if what == "input" else predictor.target_length
         log.warning("%d of %d %ss truncated to the model's %s length %d tokens", n, total,
                     what, what, limit)
+
+
+def _warn_truncated(predictor: Predictor, total: int) -> None:
+    """Reports (or, inside `one_truncation_warning`, keeps) the truncations of one call."""
+    counts = {what: (n, total) for what, n in _TRUNCATED.items()}
     _TRUNCATED.clear()
+    if _DEFERRED is None:
+        _log_truncated(predictor, counts)
+        return
+    for what, count in counts.items():
+        _DEFERRED[what] = max(_DEFERRED.get(what, (0, 0)), count)
+
+
+@contextlib.contextmanager
+def one_truncation_warning(predictor: Predictor) -> Iterator[None]:
+    """Calls inside (e.g. `predict` then `score` of the same inputs, as the CLI does) report
+    truncated inputs / targets once, when the block ends, instead of once per call."""
+    global _DEFERRED
+    _DEFERRED = {}
+    try:
+        yield
+    finally:
+        deferred, _DEFERRED = _DEFERRED, None
+        _log_truncated(predictor, deferred)
 
 
 def _pad(rows: list[list[int]], width: int | None = None) -> np.ndarray:
@@ -288,13 +348,15 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
         raise ValueError(f"{len(decoder_prompts)} decoder_prompts for {len(inputs)} inputs")
     if num_decodes < 1 or (method == "greedy" and num_decodes != 1):
         raise ValueError(f"num_decodes={num_decodes} (greedy decodes once)")
+    if max_decode_length is not None and max_decode_length < 1:
+        raise ValueError(f"max_decode_length={max_decode_length} must be >= 1")
     options = dict(decode_options)
     if method == "sample":
         options["num_decodes"] = num_decodes
     elif method == "beam":
         options["num_beams"] = max(options.get("num_beams", 4), num_decodes)
         options["num_decodes"] = num_decodes
-    length = max_decode_length or predictor.target_length
+    length = predictor.target_length if max_decode_length is None else max_decode_length
     shards = P.batch_shard_count(predictor.mesh, predictor.rules)
     rows, chunks = _batches(len(inputs), batch_size, shards)
     rng = jax.random.key(seed)
@@ -503,30 +565,45 @@ def task_examples(name: str, split: str, predictor: Predictor,
     return rows
 
 
+#: The decoding flags each `--method` uses (others are refused, not silently ignored).
+METHOD_FLAGS = {"greedy": (), "sample": ("temperature", "top_k", "top_p"),
+                "beam": ("alpha", "num_beams")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Flags of `python -m t5x_like.infer` (`--gin.K=V` is handled by cli.split_gin_flags)."""
     p = argparse.ArgumentParser(prog="python -m t5x_like.infer",
                                 description="Decode (and score) text with a trained model.")
     p.add_argument("--checkpoint", required=True, help="model dir or model_dir/checkpoints/STEP")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--step", type=flags.non_negative_int, default=None,
+                   help="checkpoint step (default: latest)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input_file", help="text (one input per line) or .jsonl/.json ('inputs', "
                      "optional 'targets': also scored)")
     src.add_argument("--task", help="a registered task (downstream_* or a seqio task)")
     p.add_argument("--split", default="test", help="task split (default: test)")
-    p.add_argument("--num_examples", type=int, default=None, help="first N task examples")
+    p.add_argument("--num_examples", type=flags.positive_int, default=None,
+                   help="first N task examples (default: all)")
     p.add_argument("--output_file", required=True, help="JSONL written here")
     p.add_argument("--method", choices=("greedy", "sample", "beam"), default="greedy")
-    p.add_argument("--num_decodes", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top_k", type=int, default=None)
-    p.add_argument("--top_p", type=float, default=None)
-    p.add_argument("--alpha", type=float, default=None, help="beam length penalty (0.6)")
-    p.add_argument("--num_beams", type=int, default=None)
-    p.add_argument("--max_decode_length", type=int, default=None)
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mesh_shape", default=None, help="e.g. 1,-1,1 (data,fsdp,model)")
+    p.add_argument("--num_decodes", type=flags.positive_int, default=1,
+                   help="decodes per input, best first (sample, beam)")
+    p.add_argument("--temperature", type=flags.non_negative_float, default=None,
+                   help="sample: softmax temperature (default 1; 0 = greedy)")
+    p.add_argument("--top_k", type=flags.non_negative_int, default=None,
+                   help="sample: keep the k most likely tokens (default 0 = off)")
+    p.add_argument("--top_p", type=flags.unit_interval, default=None,
+                   help="sample: nucleus probability in (0, 1] (default 1 = off)")
+    p.add_argument("--alpha", type=flags.non_negative_float, default=None,
+                   help="beam: length penalty ((5 + len) / 6) ** alpha (default 0.6)")
+    p.add_argument("--num_beams", type=flags.positive_int, default=None,
+                   help="beam: beam width (default 4, at least --num_decodes)")
+    p.add_argument("--max_decode_length", type=flags.positive_int, default=None,
+                   help="tokens to decode (default: the training target length)")
+    p.add_argument("--batch_size", type=flags.positive_int, default=32)
+    p.add_argument("--seed", type=flags.non_negative_int, default=0)
+    p.add_argument("--mesh_shape", type=flags.mesh_shape, default=None,
+                   help="e.g. 1,-1,1 (data,fsdp,model)")
     p.add_argument("--partitioning", default=None, help="logical_axis_rules preset")
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
@@ -534,29 +611,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str]) -> int:
-    """CLI entry point; returns the exit status (2: bad checkpoint, input, task or config)."""
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(flags, `--gin.K=V` bindings); a bad flag value, or a decoding flag that `--method` does
+    not use, exits with status 2 before anything is loaded."""
+    parser = build_parser()
     try:
         rest, gin_flags = cli.split_gin_flags(argv)
-        args = build_parser().parse_args(rest)
+    except cli.ConfigError as err:
+        parser.error(str(err))
+    args = parser.parse_args(rest)
+    used = METHOD_FLAGS[args.method]
+    unused = [f"--{k}" for k in ("temperature", "top_k", "top_p", "alpha", "num_beams")
+              if getattr(args, k) is not None and k not in used]
+    if unused:
+        parser.error(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply to "
+                     f"--method={args.method}"
+                     + (f" (it uses --{', --'.join(used)})" if used else ""))
+    if args.method == "greedy" and args.num_decodes > 1:
+        parser.error(f"--num_decodes={args.num_decodes} needs --method=sample or beam "
+                     "(greedy decodes once)")
+    return args, gin_flags
+
+
+def main(argv: Sequence[str]) -> int:
+    """CLI entry point; returns the exit status (2: bad flag, checkpoint, vocabulary, input,
+    task or config)."""
+    args, gin_flags = parse_args(argv)
+    try:
         start = time.perf_counter()
-        mesh = tuple(int(x) for x in args.mesh_shape.split(",")) if args.mesh_shape else None
         check_output_file(args.output_file)
         rows = read_inputs(args.input_file) if args.input_file else None
         predictor = load_predictor(
-            args.checkpoint, gin_files=args.gin_file, step=args.step, mesh_shape=mesh,
+            args.checkpoint, gin_files=args.gin_file, step=args.step, mesh_shape=args.mesh_shape,
             gin_bindings=[*args.gin_bindings, *gin_flags], partitioning=args.partitioning,
             gin_search_paths=args.gin_search_paths)
         if rows is None:
             rows = task_examples(args.task, args.split, predictor, args.num_examples)
         options = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "alpha",
                                                  "num_beams") if getattr(args, k) is not None}
-        preds = predict(predictor, [r["inputs"] for r in rows], method=args.method,
-                        max_decode_length=args.max_decode_length, batch_size=args.batch_size,
-                        num_decodes=args.num_decodes, seed=args.seed, **options)
         scored = [i for i, r in enumerate(rows) if "targets" in r]
-        target_scores = score(predictor, [rows[i]["inputs"] for i in scored],
-                              [rows[i]["targets"] for i in scored], batch_size=args.batch_size)
+        with one_truncation_warning(predictor):
+            preds = predict(predictor, [r["inputs"] for r in rows], method=args.method,
+                            max_decode_length=args.max_decode_length,
+                            batch_size=args.batch_size, num_decodes=args.num_decodes,
+                            seed=args.seed, **options)
+            target_scores = score(predictor, [rows[i]["inputs"] for i in scored],
+                                  [rows[i]["targets"] for i in scored],
+                                  batch_size=args.batch_size)
     except (InferenceError, cli.ConfigError, C.CheckpointMismatchError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
+from t5x_like import flags
 from t5x_like.models import TransformerConfig, make_model
 from t5x_like.models.config import REMAT_POLICIES
 from t5x_like.train import partitioning as P
@@ -72,6 +73,10 @@ _TP_PRESETS = ("tensor_parallel", "tensor_parallel_2d")
 
 def _mesh(mesh_shape: Sequence[int], num_devices: int | None) -> tuple[int, int, int]:
     shape = [int(s) for s in mesh_shape]
+    if any(s < 1 and s != -1 for s in shape):
+        raise ValueError(f"mesh_shape {tuple(shape)}: entries must be >= 1 (or one -1)")
+    if num_devices is not None and num_devices < 1:
+        raise ValueError(f"num_devices={num_devices} must be >= 1")
     if -1 in shape and num_devices is None:
         raise ValueError(f"mesh_shape {tuple(shape)} has a -1 entry: give num_devices")
     n = num_devices if num_devices is not None else math.prod(shape)
@@ -396,6 +401,8 @@ def plan(
     """
     if compiler not in COMPILERS:
         raise ValueError(f"compiler={compiler!r}; choose one of {COMPILERS}")
+    _check_counts(batch_size=batch_size, num_microbatches=num_microbatches,
+                  sequence_length=sequence_length, device_memory_gb=device_memory_gb)
     shape = _mesh(mesh_shape, num_devices)
     devices = math.prod(shape)
     remat = config.remat_policy if remat is None else remat
@@ -477,6 +484,18 @@ def plan(
     }
 
 
+def _check_counts(*, batch_size: int, sequence_length: Mapping[str, int],
+                  num_microbatches: int = 1, device_memory_gb: float | None = None) -> None:
+    """ValueError naming the first count < 1 (or memory <= 0): nothing to plan with it."""
+    counts = {"batch_size": batch_size, "num_microbatches": num_microbatches,
+              **{f"sequence_length[{k!r}]": v for k, v in sequence_length.items()}}
+    for name, value in counts.items():
+        if int(value) < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+    if device_memory_gb is not None and not float(device_memory_gb) > 0:
+        raise ValueError(f"device_memory_gb={device_memory_gb} must be > 0")
+
+
 def preset_mesh(preset: str, num_devices: int, devices_per_host: int = 8,
                 model_parallelism: int = 8) -> tuple[tuple[int, int, int], str]:
     """Mesh shape and rules preset of a ``gin/sharding/<preset>.gin`` file for a device count."""
@@ -498,6 +517,11 @@ def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
     """The first plan that fits ``headroom`` x memory, trying the cheapest communication first:
     data_parallel, fsdp, fsdp_tp; per preset no remat, 'minimal', 'full', then doubling the
     microbatches. Its ``sharding`` key names the ``gin/sharding`` file. None if nothing fits."""
+    _check_counts(batch_size=batch_size, sequence_length=sequence_length,
+                  device_memory_gb=device_memory_gb)
+    if num_devices < 1 or devices_per_host < 1:
+        raise ValueError(f"num_devices={num_devices} and devices_per_host={devices_per_host} "
+                         "must be >= 1")
     for name in ("data_parallel", "fsdp", "fsdp_tp"):
         shape, preset = preset_mesh(name, num_devices, devices_per_host)
         shards = shape[0] * shape[1]
@@ -576,11 +600,16 @@ def gin_value(key: str, default: Any = None, **kwargs: Any) -> Any:
 
 
 def _parse_lengths(text: str) -> dict[str, int]:
+    """`--sequence_length` (argparse type): `inputs=512,targets=114`, lengths >= 1."""
     try:
-        return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
-    except ValueError as err:
-        raise ValueError(f"--sequence_length={text!r}: expected e.g. inputs=512,targets=114") \
-            from err
+        lengths = {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        lengths = {}
+    if not lengths or min(lengths.values()) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected FEATURE=LENGTH pairs with lengths >= 1, e.g. inputs=512,targets=114; "
+            f"got {text!r}")
+    return lengths
 
 
 def _fit_advice(fix: Mapping[str, Any] | None) -> str:
@@ -601,16 +630,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__.split("\n")[0])
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
-    p.add_argument("--mesh", default=None, help="data,fsdp,model (one may be -1); default: gin's")
-    p.add_argument("--num_devices", type=int, default=None)
-    p.add_argument("--devices_per_host", type=int, default=8)
+    p.add_argument("--mesh", type=flags.mesh_shape, default=None,
+                   help="data,fsdp,model (one may be -1); default: gin's")
+    p.add_argument("--num_devices", type=flags.positive_int, default=None)
+    p.add_argument("--devices_per_host", type=flags.positive_int, default=8)
     p.add_argument("--preset", default=None, help="rules preset; default: gin's")
     p.add_argument("--optimizer", default=None, choices=("adafactor", "adamw"))
     p.add_argument("--remat", default=None, choices=REMAT_POLICIES)
-    p.add_argument("--batch_size", type=int, default=None)
-    p.add_argument("--sequence_length", default=None, help="e.g. inputs=512,targets=114")
-    p.add_argument("--num_microbatches", type=int, default=None)
-    p.add_argument("--device_memory_gb", type=float, default=None)
+    p.add_argument("--batch_size", type=flags.positive_int, default=None)
+    p.add_argument("--sequence_length", type=_parse_lengths, default=None,
+                   help="e.g. inputs=512,targets=114")
+    p.add_argument("--num_microbatches", type=flags.positive_int, default=None)
+    p.add_argument("--device_memory_gb", type=flags.positive_float, default=None)
     p.add_argument("--recommend", action="store_true",
                    help="search data_parallel/fsdp/fsdp_tp x remat x microbatches (needs "
                         "--num_devices and --device_memory_gb)")
@@ -619,11 +650,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     try:
         rest, gin_flags = cli.split_gin_flags(sys.argv[1:] if argv is None else argv)
-        args = p.parse_args(rest)
+    except cli.ConfigError as err:
+        p.error(str(err))
+    args = p.parse_args(rest)
+    try:
         cli.parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags])
         config = TransformerConfig()
-        lengths = (_parse_lengths(args.sequence_length) if args.sequence_length
-                   else gin_value("train.sequence_length"))
+        lengths = args.sequence_length or gin_value("train.sequence_length")
         if lengths is None:
             raise ValueError("no sequence length: bind train.sequence_length or pass "
                              "--sequence_length=inputs=512,targets=114")
@@ -644,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             n = args.num_devices
             if args.mesh:
-                mesh = [int(x) for x in args.mesh.split(",")]
+                mesh = list(args.mesh)
             else:
                 per_host = min(args.devices_per_host, n) if n else None
                 mesh = gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from t5x_like import evaluate, infer
 from t5x_like.data import downstream
+from tests.conftest import REPO
 
 #: Smallest settings that reliably beat the baseline here (measured: macro-F1 60.5 vs 41.9,
 #: accuracy 77.4 vs 72.1): 100 steps, batch 16, inputs cut to 64 tokens, lr 1e-2.
@@ -73,7 +77,69 @@ def test_cli_errors(tmp_path, pretrained_dir, capsys):
         ([f"--checkpoint={tmp_path}"], "no config.gin"),
         ([f"--checkpoint={tmp_path / 'no_ckpt'}"], "no complete checkpoint"),
         ([f"--checkpoint={pretrained_dir}", "--tasks=downstream_spamm"], "downstream_spam"),
+        ([f"--checkpoint={pretrained_dir}", "--gin.train.vocabulary='c4_32k'"],
+         "'c4_32k' has 32100 ids (with sentinels) but the model's embedding has "
+         "TransformerConfig.vocab_size=8192 rows"),
     ]
     for argv, message in cases:
         assert evaluate.main([*argv, out]) == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def evaluate_cli(*args: str, **kwargs) -> subprocess.Popen:
+    """`python -m t5x_like.evaluate args...` from the repository root, output piped."""
+    return subprocess.Popen([sys.executable, "-m", "t5x_like.evaluate", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_cli_refuses_negative_finetune_steps(tmp_path):
+    """Issue 39: a bad count exits 2 naming the flag (no traceback), before the (here missing)
+    checkpoint is looked at."""
+    proc = evaluate_cli(f"--checkpoint={tmp_path / 'missing'}", f"--out_dir={tmp_path / 'o'}",
+                        "--finetune_steps=-1")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert "argument --finetune_steps: must be an integer >= 0, got '-1'" in err
+
+
+def test_zero_finetune_steps_scores_the_checkpoint_as_it_is(pretrained_dir, tmp_path):
+    """`--finetune_steps=0` means no fine-tuning (was: the default 200 steps)."""
+    out = tmp_path / "zero_shot"
+    results = evaluate.evaluate_checkpoint(pretrained_dir, str(out), tasks=["downstream_spam"],
+                                           finetune_steps=0, gin_bindings=FAST)
+    assert results["step"] == 20 and results["finetune"]["runs"] == []
+    assert results["finetune"]["steps"] == 0 and not (out / "finetune").exists()
+    spam = results["tasks"]["downstream_spam"]
+    assert spam["num_examples"] == len(downstream.load_examples("downstream_spam", "test"))
+    assert "not fine-tuned (zero-shot)" in (out / "results.md").read_text()
+
+
+def test_sigterm_during_finetune_exits_like_train_and_resumes(pretrained_dir, tmp_path):
+    """Issue 39: SIGTERM while fine-tuning saves the fine-tune and exits 0 with one line (was: a
+    26-line traceback ending in trainer.Preempted, exit 1); the same command resumes it."""
+    argv = [f"--checkpoint={pretrained_dir}", f"--out_dir={tmp_path / 'eval'}",
+            "--tasks=downstream_spam", "--finetune_steps=40",
+            *(f"--gin_bindings={b}" for b in FAST)]
+    proc = evaluate_cli(*argv)
+    seen = []
+    for line in proc.stdout:  # the trainer's first progress line: its signal handler is set
+        seen.append(line)
+        if line.startswith("step "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=300)
+    out = "".join(seen) + out
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert "SIGTERM: saved step" in out
+    assert "the fine-tune on downstream_spam stopped at step" in out
+    assert "re-run the same command to resume" in out
+    assert not (tmp_path / "eval" / "results.json").exists()
+    saved = infer.checkpoint_steps(str(tmp_path / "eval" / "finetune" / "downstream_spam"))
+    assert saved and saved[-1] < 40
+
+    again = evaluate_cli(*argv)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert f"restored step {saved[-1]}" in out
+    assert (tmp_path / "eval" / "results.json").exists()

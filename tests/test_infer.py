@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -11,6 +15,7 @@ import pytest
 
 from t5x_like import infer
 from t5x_like.models import decoding
+from tests.conftest import REPO
 
 TEXTS = ["The cat sat on the <extra_id_0> and then it ran away.", "Hello world",
          "A third, somewhat longer input about the history of the State of the Union."]
@@ -254,3 +259,92 @@ def test_converted_hf_checkpoint_is_usable_directly(tmp_path):
     assert len(dst.read_text(encoding="utf-8").splitlines()) == 1
     assert infer.main([f"--checkpoint={out}", "--step=3", f"--input_file={src}",
                        f"--output_file={dst}"]) == 2
+
+
+def run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module args...` from the repository root, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def run_clis(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda c: run_cli(*c), commands))
+
+
+def test_converted_hf_checkpoint_needs_a_vocabulary_that_fits(tmp_path):
+    """Issue 39: an HF checkpoint without `spiece.model` converted to a config naming no
+    vocabulary, and infer read an 8,192-row embedding with c4_32k's 32,100 ids ('' and NaN,
+    exit 0). Now convert needs --vocabulary, and convert and infer refuse one that does not fit."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=8192, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_decoder_layers=1,
+        num_heads=2, dropout_rate=0.0, feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False)).save_pretrained(tmp_path / "hf")  # no spiece.model
+    out = tmp_path / "ours"
+
+    def convert(output, *flags):
+        return ("t5x_like.convert", "--from", "hf", "--to", "ours", "--input",
+                str(tmp_path / "hf"), "--output", str(output), *flags)
+
+    unnamed, too_big = run_clis(convert(out), convert(out, "--vocabulary=c4_32k"))
+    for proc in (unnamed, too_big):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no spiece.model" in unnamed.stderr and "--vocabulary=" in unnamed.stderr
+    assert "32100 ids" in too_big.stderr and "8192 rows" in too_big.stderr, too_big.stderr
+    assert not out.exists()
+
+    bare = tmp_path / "bare"  # --vocabulary=none: allowed, but infer then asks for one
+    for proc in run_clis(convert(out, "--vocabulary=c4like_8k"),
+                         convert(bare, "--vocabulary=none")):
+        assert proc.returncode == 0, proc.stderr
+    assert "train.vocabulary = 'c4like_8k'" in (out / "config.gin").read_text()
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"inputs": TEXTS[0], "targets": "on the mat"}) + "\n")
+    infer_cli = ("t5x_like.infer", f"--checkpoint={out}", f"--input_file={src}",
+                 f"--output_file={dst}", "--max_decode_length=4")
+    good, forced, unnamed = run_clis(infer_cli, (*infer_cli, "--gin.train.vocabulary='c4_32k'"),
+                                     (*infer_cli[:1], f"--checkpoint={bare}", *infer_cli[2:]))
+    assert good.returncode == 0, good.stderr
+    row = json.loads(dst.read_text())
+    assert math.isfinite(row["score"]) and math.isfinite(row["target_score"])
+    assert forced.returncode == 2 and "Traceback" not in forced.stderr, forced.stderr
+    assert "'c4_32k' has 32100 ids" in forced.stderr and "8192 rows" in forced.stderr
+    assert unnamed.returncode == 2 and "binds no train.vocabulary" in unnamed.stderr
+
+
+def test_cli_refuses_bad_numbers_before_loading_anything(tmp_path):
+    """Issue 39: numeric flags are range-checked by argparse: exit 2 naming the flag, no
+    traceback, before the (here missing) checkpoint is even looked at."""
+    base = ("t5x_like.infer", f"--checkpoint={tmp_path / 'missing'}",
+            f"--input_file={tmp_path / 'missing.txt'}", f"--output_file={tmp_path / 'o.jsonl'}")
+    cases = {
+        "--temperature=-1": "argument --temperature: must be a number >= 0, got '-1'",
+        "--max_decode_length=0": "argument --max_decode_length: must be an integer >= 1",
+        "--top_p=1.5": "argument --top_p: must be a number in (0, 1]",
+        "--batch_size=nan": "argument --batch_size: must be an integer >= 1",
+        "--num_decodes=2": "--num_decodes=2 needs --method=sample or beam",
+    }
+    procs = run_clis(*((*base, flag) for flag in cases),
+                     (*base, "--method=greedy", "--temperature=0.5"))
+    for proc, message in zip(procs, [*cases.values(), "--temperature does not apply to "
+                                     "--method=greedy"], strict=True):
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "not found" not in proc.stderr
+
+
+def test_cli_warns_once_about_truncation(tmp_path, pretrained_dir):
+    """A truncated input that is decoded and scored: one warning, from logger t5x_like.infer
+    (was: twice, from `__main__`)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"inputs": " ".join([TEXTS[2]] * 8), "targets": "x"}) + "\n"
+                   + json.dumps({"inputs": TEXTS[1]}) + "\n")
+    proc = run_cli("t5x_like.infer", f"--checkpoint={pretrained_dir}", f"--input_file={src}",
+                   f"--output_file={tmp_path / 'o.jsonl'}", "--max_decode_length=2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("truncated") == 1, proc.stderr
+    assert "t5x_like.infer" in proc.stderr and "__main__" not in proc.stderr
+    assert "1 of 2 inputs truncated to the model's input length 64 tokens" in proc.stderr

@@ -325,3 +325,43 @@ def test_cli_in_a_venv_with_gpu_plugins_never_initialises_them() -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True)
     assert "Traceback" not in proc.stderr and "Unable to load CUDA" not in proc.stderr
     assert "GiB" in proc.stdout
+
+
+def test_cli_refuses_bad_numbers_at_once() -> None:
+    """Issue 39: `--num_devices=0` was a ZeroDivisionError traceback, `--num_devices=-8` a plan
+    of negative numbers with exit 0, `--device_memory_gb=-1 --recommend` a 27 s search. Each is
+    now refused by argparse: exit 2 naming the flag, in the time it takes to start Python."""
+    import subprocess
+    import sys
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = [sys.executable, "-m", "t5x_like.plan", "--gin_file=gin/models/tiny.gin",
+            "--gin_file=gin/runs/quickstart.gin"]
+    cases = {
+        ("--num_devices=0",): "argument --num_devices: must be an integer >= 1, got '0'",
+        ("--num_devices=-8",): "argument --num_devices: must be an integer >= 1, got '-8'",
+        ("--num_devices=8", "--device_memory_gb=-1", "--recommend"):
+            "argument --device_memory_gb: must be a number > 0, got '-1'",
+        ("--mesh=1,0,1",): "argument --mesh: must be data,fsdp,model",
+        ("--sequence_length=inputs=0,targets=4",): "argument --sequence_length: expected",
+    }
+
+    def run(flags: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, float]:
+        start = time.perf_counter()
+        proc = subprocess.run([*base, *flags], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        return proc, time.perf_counter() - start
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(run, cases))
+    for (proc, seconds), message in zip(results, cases.values(), strict=True):
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+        assert seconds < 60, seconds  # nothing traced or searched (a 2-core CPU: ~2 s alone)
+    with pytest.raises(ValueError, match="batch_size=0 must be >= 1"):
+        PL.plan(TransformerConfig(**TINY), batch_size=0, sequence_length=LENGTHS,
+                mesh_shape=(1, 1, 1))
+    with pytest.raises(ValueError, match="num_devices=0 must be >= 1"):
+        PL.plan(TransformerConfig(**TINY), batch_size=8, sequence_length=LENGTHS,
+                mesh_shape=(-1, 1, 1), num_devices=0)

@@ -26,6 +26,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from t5x_like import flags
+
 STEPS = {"train": ("train",), "eval": ("eval",), "both": ("train", "eval")}
 #: stderr lines the compiler plugins print while loading on a host without GPUs or TPUs (the
 #: CUDA plugin's driver probe; libtpu's search for a TPU VM's accelerator type and workers),
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gin_bindings", action="append", default=[], help="gin binding (repeatable)")
     p.add_argument("--gin_search_paths", action="append", default=[])
     p.add_argument("--step", choices=tuple(STEPS), default="train")
-    p.add_argument("--hbm_gb", type=float, default=None,
+    p.add_argument("--hbm_gb", type=flags.positive_float, default=None,
                    help="per-device memory budget in GiB (default: the target's HBM)")
     p.add_argument("--json_out", default=None, help="also write the report as JSON here")
     p.add_argument("--no_plan", action="store_true", help="skip the planner comparison")

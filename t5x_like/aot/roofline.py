@@ -358,13 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     import gzip
     import sys
 
+    from t5x_like import flags
+
     p = argparse.ArgumentParser(prog="python -m t5x_like.aot.roofline",
                                 description=main.__doc__.splitlines()[0])
     p.add_argument("hlo", help="optimised HLO text (.gz read as gzip)")
     p.add_argument("--device", default="h100", choices=sorted(DEVICES))
-    p.add_argument("--measured_ms", type=float, default=None, help="the measured step, to compare")
-    p.add_argument("--model_flops", type=float, default=None, help="model FLOPs per step (MFU)")
-    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--measured_ms", type=flags.positive_float, default=None,
+                   help="the measured step, to compare")
+    p.add_argument("--model_flops", type=flags.positive_float, default=None,
+                   help="model FLOPs per step (MFU)")
+    p.add_argument("--top", type=flags.positive_int, default=15)
     args = p.parse_args(argv)
     opener = gzip.open if args.hlo.endswith(".gz") else open
     try:

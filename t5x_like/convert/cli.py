@@ -22,9 +22,13 @@ For `--from hf` gin bindings override non-structural fields (dtype, scan_layers,
 
 Outputs (`--output`):
 - `ours`: `OUT/params` (orbax PyTree of the parameter tree, what `train.init_params_path`
-  loads) + `OUT/config.gin` (the model's bindings, `train.init_params_path` and, when the HF
-  input has a `spiece.model`, `train.vocabulary` = its copy `OUT/spiece.model`). `OUT` is
-  usable as is: `python -m t5x_like.infer --checkpoint=OUT`, `python -m t5x_like.evaluate
+  loads) + `OUT/config.gin` (the model's bindings, `train.init_params_path` and
+  `train.vocabulary`). The vocabulary is `--vocabulary` (a known name, or a SentencePiece
+  `.model`, copied to `OUT/spiece.model`), else the HF input's `spiece.model` (copied), else the
+  gin config's `train.vocabulary`; with none of them the conversion is refused (`--vocabulary
+  none` writes no vocabulary: infer / evaluate then need `--gin.train.vocabulary`), as it is
+  when the vocabulary has more ids than the embedding has rows. `OUT` is usable as is:
+  `python -m t5x_like.infer --checkpoint=OUT`, `python -m t5x_like.evaluate
   --checkpoint=OUT`, or `--gin_file=OUT/config.gin` to fine-tune from it; with an
   `.npz` / `.msgpack` OUT the params go to that file and the bindings to `OUT` minus the
   suffix + `.gin`;
@@ -46,6 +50,7 @@ from typing import Any
 import gin
 import numpy as np
 
+from t5x_like import flags
 from t5x_like.convert import interop
 from t5x_like.convert import param_tree as pt
 from t5x_like.convert.interop import ConversionError
@@ -55,6 +60,8 @@ from t5x_like.train.cli import REPO_ROOT, quiet_gin_search
 
 #: The SentencePiece model an HF T5 checkpoint ships; `--to ours` copies it beside the params.
 HF_SENTENCEPIECE = "spiece.model"
+#: `--vocabulary none`: write converted params without a vocabulary.
+NO_VOCABULARY = "none"
 
 
 def read_tree(path: str) -> Any:
@@ -81,9 +88,22 @@ def read_tree(path: str) -> Any:
     ):
         raise ConversionError(f"{path!r} looks like a legacy T5X tensorstore checkpoint; "
                               "restore it with T5X and save its 'target' with orbax first")
-    import orbax.checkpoint as ocp
+    return _restore_numpy(find_state_dir(path))
 
-    return ocp.PyTreeCheckpointer().restore(find_state_dir(path))
+
+def _restore_numpy(directory: str) -> Any:
+    """An orbax PyTree directory as host numpy arrays. Restoring without restore args would
+    make orbax rebuild the saved shardings (and warn that this is unsafe on another
+    topology); numpy leaves need no devices at all."""
+    import jax
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(directory))
+    tree = getattr(metadata, "tree", metadata)
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    return ocp.PyTreeCheckpointer().restore(
+        directory, args=ocp.args.PyTreeRestore(restore_args=restore_args))
 
 
 def _model_dir_gin(path: str) -> str | None:
@@ -124,8 +144,57 @@ def gin_text(config: TransformerConfig, params_path: str | None, source: str,
     if params_path is not None:
         lines.append(f"train.init_params_path = {os.path.abspath(params_path)!r}")
     if vocabulary is not None:
-        lines.append(f"train.vocabulary = {os.path.abspath(vocabulary)!r}")
+        lines.append(f"train.vocabulary = {_vocabulary_binding(vocabulary)!r}")
     return "\n".join(lines) + "\n"
+
+
+def _is_vocabulary_file(name: str) -> bool:
+    from t5x_like.data.vocab import KNOWN_VOCABULARIES
+
+    return name not in KNOWN_VOCABULARIES
+
+
+def _vocabulary_binding(name: str) -> str:
+    """A known vocabulary name as is; a `.model` path made absolute."""
+    return os.path.abspath(os.path.expanduser(name)) if _is_vocabulary_file(name) else name
+
+
+def bound_vocabulary() -> str | None:
+    """`train.vocabulary` as bound by the gin config parsed last (None when unbound)."""
+    try:
+        value = gin.query_parameter("train.vocabulary")
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def output_vocabulary(args: argparse.Namespace, bound: str | None) -> str | None:
+    """The vocabulary `--to ours` writes (see the module docstring), or None for
+    `--vocabulary none`; ConversionError when nothing names one."""
+    name = args.vocabulary
+    if name is None and args.source == "hf":
+        name = hf_vocabulary(args.input)
+    name = name or bound
+    if name is None:
+        where = ("it has no spiece.model beside it and " if args.source == "hf" else "")
+        raise ConversionError(
+            f"no vocabulary for {args.input}: {where}the gin config binds no train.vocabulary. "
+            "Pass --vocabulary=NAME_OR_PATH, the vocabulary it was trained with (c4_32k, "
+            f"c4like_8k or a SentencePiece .model with T5's ids), or --vocabulary="
+            f"{NO_VOCABULARY} to write the params without one (infer and evaluate then need "
+            "--gin.train.vocabulary=...)")
+    return None if name == NO_VOCABULARY else name
+
+
+def check_vocabulary(name: str, config: TransformerConfig) -> None:
+    """The vocabulary loads (T5's special ids) and fits the embedding; ConversionError if not."""
+    from t5x_like import infer
+
+    try:
+        infer.check_vocabulary(name, config.vocab_size,
+                               fix="pass --vocabulary=NAME_OR_PATH, the one it was trained with")
+    except infer.InferenceError as err:
+        raise ConversionError(str(err)) from err
 
 
 def hf_vocabulary(source: str) -> str | None:
@@ -156,12 +225,17 @@ def write_tree(tree: dict[str, Any], path: str) -> str:
 def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
     """Runs one conversion; returns a one-line summary."""
     bound = parse_gin(args.gin_file, gin_bindings)
+    vocabulary = bound_vocabulary()
+    model_gin = None if bound or args.source == "hf" else _model_dir_gin(args.input)
+    if model_gin:  # a t5x_like model dir: its config.gin
+        bound = parse_gin([model_gin], [])
+        vocabulary = vocabulary or bound_vocabulary()
+    # --to ours only, and before the weights are read: a missing vocabulary fails fast.
+    vocabulary = output_vocabulary(args, vocabulary) if args.target == "ours" else None
     if args.source == "hf":
         config, params = interop.from_hf(args.input, args.hf_config, **bound)
     else:
         tree = read_tree(args.input)
-        if not bound and (gin_path := _model_dir_gin(args.input)):
-            bound = parse_gin([gin_path], [])
         # Our own scanned trees stack layers on axis 0; T5X's on `--scan_axis`.
         axis = 0 if args.source == "ours" else args.scan_axis
         if args.source == "ours" and "emb_dim" in bound:  # a full config (e.g. config.gin)
@@ -169,6 +243,8 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
         else:
             config = interop.config_from_t5x(tree, scan_axis=axis, **bound)
         params = interop.from_t5x(tree, config, scan_axis=axis)
+    if vocabulary is not None:  # --to ours: before anything is written
+        check_vocabulary(vocabulary, config)
     out = args.output
     if args.target == "hf":
         interop.save_hf(config, params, out)
@@ -183,8 +259,8 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
             params_path = os.path.join(out, CONVERTED_PARAMS_SUBDIR)
             gin_path = os.path.join(out, "config.gin")
         write_tree(params, params_path)
-        vocabulary = hf_vocabulary(args.input) if args.source == "hf" else None
-        if vocabulary is not None and not out.endswith((".npz", ".msgpack")):
+        if (vocabulary is not None and _is_vocabulary_file(vocabulary)
+                and not out.endswith((".npz", ".msgpack"))):
             vocabulary = shutil.copy(vocabulary, os.path.join(out, HF_SENTENCEPIECE))
         with open(gin_path, "w", encoding="utf-8") as f:
             f.write(gin_text(config, params_path, f"{args.source}:{args.input}", vocabulary))
@@ -207,20 +283,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gin_binding", action="append", default=[], help="e.g. 'TransformerConfig"
                    ".dtype = \"float32\"' (also accepted as --gin.KEY=VALUE)")
     p.add_argument("--hf_config", default=None, help="HF config.json if not beside --input")
-    p.add_argument("--scan_axis", type=int, default=1, help="layer axis of scanned T5X trees")
+    p.add_argument("--scan_axis", type=flags.non_negative_int, default=1,
+                   help="layer axis of scanned T5X trees")
     p.add_argument("--t5x_scan_layers", action="store_true", help="write T5X layers stacked")
+    p.add_argument("--vocabulary", default=None,
+                   help="--to ours: the checkpoint's vocabulary (c4_32k, c4like_8k or a "
+                   "SentencePiece .model; default: the HF input's spiece.model, else the gin "
+                   f"config's train.vocabulary; '{NO_VOCABULARY}': write none)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 on a conversion error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, extra = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
     bindings = list(args.gin_binding)
     for item in extra:
         if not item.startswith("--gin.") or "=" not in item:
-            build_parser().error(f"unrecognized argument {item!r}")
+            parser.error(f"unrecognized argument {item!r}")
         bindings.append(item[len("--gin."):])
+    if args.vocabulary is not None and args.target != "ours":
+        parser.error(f"--vocabulary applies to --to ours, not --to {args.target}")
     try:
         print(convert(args, bindings))
     except (ConversionError, FileNotFoundError, ImportError) as e:

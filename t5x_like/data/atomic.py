@@ -57,8 +57,10 @@ def build_dir(dest: str | os.PathLike) -> Iterator[Path]:
     shutil.rmtree(dest, ignore_errors=True)
     try:
         os.replace(tmp, dest)
-    except OSError:  # a concurrent build won the rename
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not dest.is_dir():  # not a concurrent build that won the rename: a real failure
+            raise
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from t5x_like import flags
 from t5x_like.data import atomic
 
 Document = tuple[str, str]  # (id, text)
@@ -269,10 +270,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or directories")
     p.add_argument("--output", required=True, help="output JSONL path (fields id, text)")
     d = CleanConfig()
-    p.add_argument("--min_words_per_line", type=int, default=d.min_words_per_line)
-    p.add_argument("--min_sentences", type=int, default=d.min_sentences)
-    p.add_argument("--max_word_length", type=int, default=d.max_word_length)
-    p.add_argument("--dedupe_span", type=int, default=d.dedupe_span,
+    p.add_argument("--min_words_per_line", type=flags.non_negative_int,
+                   default=d.min_words_per_line)
+    p.add_argument("--min_sentences", type=flags.non_negative_int, default=d.min_sentences)
+    p.add_argument("--max_word_length", type=flags.positive_int, default=d.max_word_length)
+    p.add_argument("--dedupe_span", type=flags.positive_int, default=d.dedupe_span,
                    help="sentences per deduplicated span; 0 disables deduplication")
     p.add_argument("--keep_policy_lines", action="store_true",
                    help="keep lines mentioning cookies / privacy policies / terms of use")

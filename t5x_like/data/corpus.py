@@ -17,8 +17,10 @@ build inputs. TensorFlow and SeqIO are imported inside the functions that need t
 
 from __future__ import annotations
 
+import contextlib
 import email
 import email.policy
+import errno
 import hashlib
 import html.parser
 import json
@@ -257,6 +259,24 @@ def _example(doc_id: str, source: str, text: str) -> bytes:
     return tf.train.Example(features=features).SerializeToString(deterministic=True)
 
 
+_ERRNO_OF_STRERROR = {os.strerror(n): n for n in errno.errorcode}
+
+
+@contextlib.contextmanager
+def _tf_errors_as_os_errors() -> Iterator[None]:
+    """Re-raise TensorFlow's file errors (its own classes: a full disk is a
+    ResourceExhaustedError "PATH; No space left on device") as OSError, like every other write."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        path, _, cause = e.message.rpartition("; ")
+        if cause in _ERRNO_OF_STRERROR:
+            raise OSError(_ERRNO_OF_STRERROR[cause], cause, path) from e
+        raise OSError(errno.EIO, e.message) from e
+
+
 def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dict:
     """Fetch the sources, clean, split and write the c4like corpus; returns its stats.
 
@@ -266,7 +286,7 @@ def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dic
     import sentencepiece as spm
     import tensorflow as tf
 
-    with atomic.build_dir(corpus_dir(data_dir)) as tmp:
+    with atomic.build_dir(corpus_dir(data_dir)) as tmp, _tf_errors_as_os_errors():
         writers = {split: [tf.io.TFRecordWriter(str(tmp / shard_name(split, i)))
                            for i in range(n)] for split, n in NUM_SHARDS.items()}
         spm_file = assets.fetch("c4_32k_spm", data_dir, log=log)

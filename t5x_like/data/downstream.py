@@ -384,11 +384,13 @@ def is_built(data_dir: str | os.PathLike | None = None) -> bool:
 
 def build(data_dir: str | os.PathLike | None = None) -> dict:
     """Build and cache every task's splits (`atomic.build_dir`); returns the
-    manifest (`sizes[task][split]`)."""
-    examples = build_examples(data_dir)
+    manifest (`sizes[task][split]`). The directory is created first, so a data dir that
+    cannot be written fails before the examples are built."""
+    if corpus.read_stats(data_dir) is None:
+        raise FileNotFoundError(_not_prepared(data_dir))
     files, sizes = {}, {}
     with atomic.build_dir(downstream_dir(data_dir)) as tmp:
-        for name, splits in examples.items():
+        for name, splits in build_examples(data_dir).items():
             (tmp / name).mkdir(parents=True)
             sizes[name] = {}
             for split, exs in splits.items():
@@ -406,8 +408,21 @@ def build(data_dir: str | os.PathLike | None = None) -> dict:
 
 
 def ensure_built(data_dir: str | os.PathLike | None = None) -> dict:
-    """The manifest, building the cache first if it is missing or stale."""
-    return read_manifest(data_dir) or build(data_dir)
+    """The manifest, building the cache first if it is missing or stale. Raises
+    FileNotFoundError, with the fix, if it must be built and the data dir cannot be written."""
+    manifest = read_manifest(data_dir)
+    if manifest is not None:
+        return manifest
+    try:
+        return build(data_dir)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a read-only data dir, a full disk, ...
+        raise FileNotFoundError(
+            f"the downstream suite is not built under {downstream_dir(data_dir)} and cannot be "
+            f"built there (cannot write {e.filename2 or e.filename}: {e.strerror}); build it "
+            "where you can write with `python -m t5x_like.data.prepare --data_dir DIR` and "
+            f"point ${assets.DATA_DIR_ENV} at DIR") from e
 
 
 @functools.lru_cache(maxsize=64)

@@ -22,6 +22,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from t5x_like import flags
 from t5x_like.data import objectives as O
 from t5x_like.data import tasks
 from t5x_like.data.vocab import get_vocabulary
@@ -168,11 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--all", action="store_true", help="every objective, same document")
     parser.add_argument("--corpus", default="c4like", help="with --all")
     parser.add_argument("--vocabulary", default=tasks.DEFAULT_VOCABULARY)
-    parser.add_argument("--num_examples", type=int, default=3)
-    parser.add_argument("--inputs_length", type=int, default=64)
+    parser.add_argument("--num_examples", type=flags.positive_int, default=3)
+    parser.add_argument("--inputs_length", type=flags.positive_int, default=64)
     parser.add_argument("--split", default="validation")
-    parser.add_argument("--document", type=int, default=0, help="first document index")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--document", type=flags.non_negative_int, default=0,
+                        help="first document index")
+    parser.add_argument("--seed", type=flags.non_negative_int, default=0)
     args = parser.parse_args(argv)
     common = dict(vocabulary=args.vocabulary, inputs_length=args.inputs_length,
                   split=args.split, document=args.document, seed=args.seed)

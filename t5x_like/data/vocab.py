@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from t5x_like import flags
 from t5x_like.data import assets, atomic, clean, corpus
 
 if TYPE_CHECKING:
@@ -214,6 +215,22 @@ def get_vocabulary(name: str = "c4_32k", *, extra_ids: int = DEFAULT_EXTRA_IDS,
     return vocab
 
 
+def check_fits(name: str, embedding_rows: int, *, what: str = "vocabulary",
+               fix: str = "") -> seqio.Vocabulary:
+    """The vocabulary ``name``, checked to fit an embedding of ``embedding_rows`` rows
+    (``TransformerConfig.vocab_size``): the one check every entry point makes before it trains,
+    scores or decodes. A larger vocabulary would read ids past the embedding (garbage, NaN
+    scores). Raises VocabularyError naming both sizes, then ``fix``."""
+    vocab = get_vocabulary(name)
+    size = int(vocab.vocab_size)
+    if size > embedding_rows:
+        raise VocabularyError(
+            f"{what}={name!r} has {size} ids (with sentinels) but the model's embedding has "
+            f"TransformerConfig.vocab_size={embedding_rows} rows: token ids past "
+            f"{embedding_rows - 1} would read garbage. {fix}".rstrip())
+    return vocab
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -225,10 +242,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="text files (one document each), .jsonl files (field text) or dirs")
     t.add_argument("--output_prefix", required=True, help="writes PREFIX.model, PREFIX.vocab")
-    t.add_argument("--vocab_size", type=int, required=True, help="pieces incl. specials")
+    t.add_argument("--vocab_size", type=flags.positive_int, required=True,
+                   help="pieces incl. specials")
     t.add_argument("--model_type", default="unigram", choices=("unigram", "bpe", "word", "char"))
-    t.add_argument("--max_sentences", type=int, default=1_000_000)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max_sentences", type=flags.positive_int, default=1_000_000)
+    t.add_argument("--seed", type=flags.non_negative_int, default=0)
     e = sub.add_parser("encode", help="show how a vocabulary splits some text")
     e.add_argument("text")
     e.add_argument("--vocabulary", default="c4_32k", help="known name or path to a .model")

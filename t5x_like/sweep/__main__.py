@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from t5x_like import flags
 from t5x_like.sweep import grid, runner
 
 
@@ -27,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", default=None, help="comma-separated sweep gin files")
     p.add_argument("--scale", default="tiny", help="micro|tiny|small|paper or a scale .gin file")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per row (default: the scale's)")
-    p.add_argument("--parallel", type=int, default=1, help="cells run at once")
+    p.add_argument("--seeds", type=flags.positive_int, default=None,
+                   help="seeds per row (default: the scale's)")
+    p.add_argument("--parallel", type=flags.positive_int, default=1, help="cells run at once")
     p.add_argument("--rows", default=None, help="comma-separated row names (or table:row)")
     p.add_argument("--sweep_dir", default=None, help="default: runs/sweeps/<scale>")
     p.add_argument("--archive", default=None,

@@ -255,6 +255,19 @@ def _run(argv: Sequence[str], log_path: str, what: str,
     return time.time() - start, usage.ru_utime + usage.ru_stime
 
 
+def _check_finished(model_dir: str, name: str) -> None:
+    """CellFailed unless the pre-training reached its last step: a trainer stopped by a signal
+    exits 0 after saving, and its checkpoint must not be evaluated as the cell's model."""
+    with open(os.path.join(model_dir, "config.gin"), encoding="utf-8") as f:
+        found = re.search(r"^train\.num_train_steps = (\d+)$", f.read(), re.M)
+    root = os.path.join(model_dir, "checkpoints")
+    steps = [int(n) for n in os.listdir(root) if n.isdigit()] if os.path.isdir(root) else []
+    if found and max(steps, default=0) < int(found.group(1)):
+        raise CellFailed(f"{name}: pre-training stopped at step {max(steps, default=0)} of "
+                         f"{found.group(1)} (interrupted: it saved a checkpoint); run the sweep "
+                         "again to resume")
+
+
 def read_metrics(model_dir: str) -> list[dict[str, Any]]:
     """The trainer's metrics.jsonl records (empty when missing)."""
     path = os.path.join(model_dir, "metrics.jsonl")
@@ -287,15 +300,19 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
         spec = json.load(f)
     try:
         data_prepare.prepare(log=log)
-    except assets.AssetError as err:
+    except (assets.AssetError, data_prepare.PrepareError) as err:
         raise CellFailed(f"{name}: preparing the data directory: {err}") from err
     cache_dir = _cache_dir(path)
     log(f"[sweep] {name}: pre-training")
     pretrain_s, pretrain_cpu = _run(train_command(spec, path), os.path.join(path, "pretrain.log"),
                                     f"{name}: python -m t5x_like.train", cache_dir)
+    _check_finished(os.path.join(path, "pretrain"), name)
     log(f"[sweep] {name}: pre-trained in {pretrain_s:.0f}s; evaluating")
     evaluate_s, evaluate_cpu = _run(evaluate_command(spec, path), os.path.join(path, "eval.log"),
                                     f"{name}: python -m t5x_like.evaluate", cache_dir)
+    if not os.path.exists(os.path.join(path, "eval", "results.json")):
+        raise CellFailed(f"{name}: python -m t5x_like.evaluate stopped before writing its results "
+                         "(interrupted: it saved its fine-tune); run the sweep again to resume")
     with open(os.path.join(path, "eval", "results.json"), encoding="utf-8") as f:
         evaluation = json.load(f)
     measured = costs.measure(spec["gin_files"], spec["bindings"], spec["sequence_length"])

@@ -20,6 +20,7 @@ saved afresh when training reaches it again).
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -44,6 +45,16 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint's parameter tree does not match the model being trained."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (full disk, permissions, ...); the run must stop."""
+
+    def __init__(self, step: int, where: str, reason: str) -> None:
+        super().__init__(f"checkpoint step {step} not saved: {reason} ({where})")
+        self.step = step
+        self.where = where
+        self.reason = reason
+
+
 class CheckpointUnreadableError(RuntimeError):
     """A complete checkpoint step cannot be read (missing metadata, truncated or corrupt data)."""
 
@@ -51,6 +62,23 @@ class CheckpointUnreadableError(RuntimeError):
         super().__init__(f"checkpoint {where} is unreadable: {reason}")
         self.where = where
         self.reason = reason
+
+
+#: How the OS words a write it refused (tensorstore and TensorFlow pass on only the words).
+WRITE_FAILURES = (("No space left on device", errno.ENOSPC),
+                  ("Disk quota exceeded", errno.EDQUOT),
+                  ("Read-only file system", errno.EROFS),
+                  ("Permission denied", errno.EACCES))
+
+
+def write_failure(err: BaseException) -> str | None:
+    """The OS's words for a refused write anywhere in ``err``'s chain, else None."""
+    while err is not None:
+        found = next((words for words, _ in WRITE_FAILURES if words in str(err)), None)
+        if found:
+            return found
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return None
 
 
 def _first_line(err: BaseException) -> str:
@@ -63,9 +91,13 @@ def _first_line(err: BaseException) -> str:
 
 
 def _drop_abandoned_reads(unraisable: Any) -> None:
-    """sys.unraisablehook: silences orbax read coroutines abandoned by a failed restore."""
+    """sys.unraisablehook: silences orbax reads and writes abandoned by a failed restore or
+    save (their coroutines, and tensorstore callbacks into orbax's closed event loop)."""
     code = getattr(unraisable.object, "cr_code", None)
     if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return
+    if (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
         return
     _previous_unraisablehook(unraisable)
 
@@ -107,6 +139,31 @@ class _DropItemMetadataWarning(logging.Filter):
         return not os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA"))
 
 
+class _HoldOrbaxErrors(logging.Filter):
+    """Holds the ERROR records orbax's background threads log for a failing save.
+
+    One full disk makes every write thread log its own traceback (about a thousand lines); the
+    Checkpointer reports the failure once instead (CheckpointSaveError). The records are held,
+    not dropped: ``release`` replays them when the save turns out complete after all.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+            if len(self.held) < 100:
+                self.held.append(record)
+            return False
+        return True
+
+    def release(self, *, replay: bool) -> None:
+        held, self.held = self.held, []
+        for record in held if replay else ():
+            logging.getLogger(record.name).handle(record)
+
+
 def _quiet_restore(restore: Callable[[], Any], where: str) -> Any:
     """``restore()``, or CheckpointUnreadableError with the cause in one line.
 
@@ -141,6 +198,11 @@ def _quiet_restore(restore: Callable[[], Any], where: str) -> Any:
     if reason is not None:
         raise CheckpointUnreadableError(where, reason)
     return result
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -195,6 +257,13 @@ class Checkpointer:
         self.data_dir = os.path.join(self.model_dir, DATA_STATE_SUBDIR)
         self.save_interval_steps = max(int(save_interval_steps), 1)
         self._last_saved: int | None = None
+        self._pending: int | None = None  # a started save not yet confirmed complete
+        self._reported = False  # a failed save was raised as CheckpointSaveError
+        self._held = _HoldOrbaxErrors()
+        logging.getLogger("absl").addFilter(self._held)
+        # A failing async save abandons writes that print from orbax's threads while training
+        # goes on, before the failure can be reported (as CheckpointSaveError, in one line).
+        _silence_abandoned_reads()
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=1,
             max_to_keep=keep,
@@ -232,24 +301,94 @@ class Checkpointer:
     def save(
         self, step: int, state: Any, data_state: Mapping[str, Any], *, force: bool = False
     ) -> bool:
-        """Start an (async) save of ``state`` and the JSON ``data_state``; returns if saved."""
+        """Start an (async) save of ``state`` and the JSON ``data_state``; returns if started.
+
+        Raises CheckpointSaveError when the disk cannot hold the step (checked first, before
+        anything is written) or the previous save failed; ``poll``/``wait`` confirm the save.
+        """
         if not force and not self.should_save(step):
             return False
         if step == self._last_saved or step in self.manager.all_steps():
             return False
-        self._last_saved = step
-        return bool(self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(dict(data_state))
-            ),
-            force=True,
-        ))
+        self.wait()  # the previous save is confirmed (or raises) before this one starts
+        self.check_space(step, state)
+        self._last_saved = self._pending = step
+        try:
+            return bool(self.manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        data=ocp.args.JsonSave(dict(data_state))),
+                force=True,
+            ))
+        except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many types
+            self._failed(step, err)
+            raise
 
-    def wait(self) -> None:
-        """Block until pending async saves are complete, then prune stale data states."""
-        self.manager.wait_until_finished()
+    def check_space(self, step: int, state: Any) -> None:
+        """CheckpointSaveError when the local disk lacks room for ``state``'s arrays."""
+        if "://" in self.directory:
+            return
+        needed = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+        if self._last_saved is not None and not os.path.isdir(self.data_state_path(step)):
+            needed += _tree_bytes(self.data_state_path(self._last_saved))  # its tf.data state
+        os.makedirs(self.directory, exist_ok=True)
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            raise CheckpointSaveError(
+                step, self.directory, f"No space left on device: it needs {needed / 1e6:.1f} MB, "
+                f"{free / 1e6:.1f} MB are free")
+
+    def poll(self) -> int | None:
+        """The step of a save that has just been confirmed complete, else None (never waits).
+
+        Raises CheckpointSaveError when it failed.
+        """
+        if self._pending is None or self.manager.is_saving_in_progress():
+            return None
+        return self.wait()
+
+    def wait(self) -> int | None:
+        """Block until the pending save is complete; returns its step (None if none was).
+
+        Raises CheckpointSaveError, with the cause in one line, if it failed.
+        """
+        step = self._pending
+        try:
+            self.manager.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many types
+            if step is None:
+                if self._reported:
+                    return None  # orbax raises a failed save again on every wait
+                raise
+            self._failed(step, err)
+        if step is not None and jax.process_index() == 0 and not self._is_complete(step):
+            self._failed(step, None)  # orbax logged the failure but did not raise it
+        self._pending = None
+        self._held.release(replay=True)  # complete after all: orbax's records were not fatal
         self.prune_data_states()
+        return step
+
+    def _is_complete(self, step: int) -> bool:
+        if "://" in self.directory:
+            self.manager.reload()
+            return step in self.manager.all_steps()
+        return os.path.isdir(os.path.join(self.directory, str(step)))
+
+    def _failed(self, step: int, err: BaseException | None) -> None:
+        """Raise CheckpointSaveError for ``step`` with the most specific cause found."""
+        errors = [err] if err is not None else []
+        errors += [r.exc_info[1] for r in self._held.held if r.exc_info and r.exc_info[1]]
+        causes = [write_failure(e) or _first_line(e) for e in errors]
+        self._held.release(replay=False)
+        self._pending = None
+        self._reported = True
+        if jax.process_index() == 0 and "://" not in self.directory:  # free what it took
+            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+                if name.startswith(f"{step}.orbax-checkpoint-tmp"):
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        reason = next((c for c in causes if c in dict(WRITE_FAILURES)),
+                      causes[0] if causes else "orbax did not finalise the step")
+        raise CheckpointSaveError(step, self.directory, reason)
 
     def data_state_path(self, step: int, process_index: int | None = None) -> str:
         """Where process ``process_index``'s tf.data iterator state for ``step`` lives."""
@@ -371,9 +510,12 @@ class Checkpointer:
         warn(f"[t5x_like.train] moved unreadable {step_dir} to {target}")
 
     def close(self) -> None:
-        """Finish pending saves and release the manager."""
-        self.wait()
-        self.manager.close()
+        """Finish pending saves and release the manager (a failed save still raises)."""
+        try:
+            self.wait()
+        finally:
+            logging.getLogger("absl").removeFilter(self._held)
+            self.manager.close()
 
 
 def find_state_dir(path: str) -> str:

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 
 import gin
 
+from t5x_like import flags
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -36,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tfds_data_dir", default=None,
                    help="TFDS dir holding c4/en:3.1.0 (for c4_* tasks; never downloads)")
     p.add_argument("--coordinator_address", default=None, help="host:port of process 0")
-    p.add_argument("--num_processes", type=int, default=None)
-    p.add_argument("--process_id", type=int, default=None)
+    p.add_argument("--num_processes", type=flags.positive_int, default=None)
+    p.add_argument("--process_id", type=flags.non_negative_int, default=None)
     return p
 
 
@@ -106,6 +108,12 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
         if unquoted:
             raise ConfigError(unquoted) from err
         raise ConfigError(f"invalid gin config: {err}{gin_error_hint(str(err))}") from err
+    from t5x_like.train.gin_types import binding_type_errors
+
+    wrong = binding_type_errors()
+    if wrong:
+        raise ConfigError(f"gin binding of the wrong type: {'; '.join(wrong)} (gin reads "
+                          "Python literals: 16 is an int, '16' a string)")
 
 
 def _configurables() -> dict[str, object]:
@@ -163,7 +171,7 @@ def gin_error_hint(message: str) -> str:
     return ""
 
 
-def _message(err: BaseException) -> str:
+def error_message(err: BaseException) -> str:
     """The error's message without the "In call to configurable ..." line gin appends."""
     lines = str(err).rstrip().splitlines()
     return "\n".join(line for line in lines
@@ -194,7 +202,12 @@ def main(argv: Sequence[str]) -> int:
 
     kwargs = {} if args.model_dir is None else {"model_dir": args.model_dir}
     from t5x_like.data.vocab import VocabularyError
-    from t5x_like.train.checkpoints import CheckpointMismatchError, CheckpointUnreadableError
+    from t5x_like.train.checkpoints import (
+        CheckpointMismatchError,
+        CheckpointSaveError,
+        CheckpointUnreadableError,
+    )
+    from t5x_like.train.model_dir_lock import ModelDirBusyError
 
     missing = trainer.missing_bindings(kwargs)
     if missing:
@@ -204,16 +217,27 @@ def main(argv: Sequence[str]) -> int:
     try:
         last = trainer.train(**kwargs)
     except CheckpointMismatchError as err:
-        print(f"error: {_message(err)}", file=sys.stderr)
+        print(f"error: {error_message(err)}", file=sys.stderr)
         return 4
     except (CheckpointUnreadableError, FileNotFoundError, trainer.InvalidRunError,
-            VocabularyError) as err:
-        print(f"error: {_message(err)}", file=sys.stderr)
+            VocabularyError, ModelDirBusyError) as err:
+        print(f"error: {error_message(err)}", file=sys.stderr)
         return 2
+    except CheckpointSaveError as err:
+        print(f"error: {error_message(err)}; the run stopped. Free space (or fix the permissions) "
+              "and run the same command again: it resumes from the last saved checkpoint",
+              file=sys.stderr)
+        return 5
+    except OSError as err:
+        if err.filename is None:
+            raise
+        print(f"error: {err.filename}: {err.strerror}; the run stopped. Run the same command "
+              "again to resume from the last saved checkpoint", file=sys.stderr)
+        return 5
     except trainer.Preempted:
         return 0
     except trainer.NonFiniteLossError as err:
-        print(f"error: {_message(err)}", file=sys.stderr)
+        print(f"error: {error_message(err)}", file=sys.stderr)
         return 3
     import jax
 

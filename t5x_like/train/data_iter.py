@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from t5x_like.train.checkpoints import WRITE_FAILURES, write_failure
+
 log = logging.getLogger(__name__)
 
 
@@ -107,8 +109,12 @@ class InputPipeline:
             self._tf_ckpt.write(os.path.join(path, "iterator"))
             return True
         except (tf.errors.OpError, ValueError, TypeError) as err:
+            cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+            refused = write_failure(err)
+            if refused:  # the disk, not the iterator: the checkpoint must fail
+                raise OSError(dict(WRITE_FAILURES)[refused], refused, path) from err
             log.warning("tf.data iterator cannot be checkpointed (%s); resuming will skip "
-                        "batches instead", str(err).splitlines()[0])
+                        "batches instead", cause)
             self.checkpoint_iterator = False
             return False
 

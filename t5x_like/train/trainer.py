@@ -7,27 +7,32 @@ another; with none, the state is initialised (from ``init_params_path`` when fin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import math
 import os
 import re
+import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import gin
 import jax
 import numpy as np
 
+from t5x_like.data.vocab import check_fits
 from t5x_like.train import checkpoints as C
 from t5x_like.train import metrics as M
 from t5x_like.train import partitioning as P
 from t5x_like.train import train_state as TS
 from t5x_like.train import train_step as S
 from t5x_like.train.data_iter import InputPipeline
+from t5x_like.train.gin_types import type_errors
+from t5x_like.train.model_dir_lock import ModelDirBusyError, ModelDirLock
 from t5x_like.train.optimizers import Optimizer, create_optimizer
 
 log = logging.getLogger(__name__)
@@ -134,32 +139,40 @@ def write_operative_config(model_dir: str) -> None:
         f.write(text)
 
 
-def _has_checkpoint(model_dir: str) -> bool:
-    root = os.path.join(model_dir, C.CHECKPOINT_SUBDIR)
-    return os.path.isdir(root) and any(n.isdigit() for n in os.listdir(root))
-
-
 def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
-              num_train_steps: int, batch_size: int, eval_every: int, eval_split: str,
-              restore_dir: str | None, init_params_path: str | None) -> None:
+              sequence_length: Mapping[str, int], num_train_steps: int, batch_size: int,
+              num_microbatches: int, checkpoint_every: int, keep_checkpoints: int | None,
+              eval_every: int, eval_steps: int, eval_split: str, log_every: int,
+              signal_check_every: int, restore_step: int | None, restore_dir: str | None,
+              init_params_path: str | None) -> None:
     """Checks that need no compute, so a bad run fails in seconds with one message.
 
-    Counts are positive; the model dir can be written (nothing is created to find out); an
-    evaluation-only run (0 steps) has a checkpoint to evaluate; the task exists and its data is
-    prepared; the vocabulary loads and fits the model's embedding.
+    Counts are in range; the model dir can be written (nothing is created to find out); a
+    resumed run is not already past ``num_train_steps``; an evaluation-only run (0 steps) has a
+    checkpoint to evaluate; the task exists and its data is prepared; the vocabulary loads and
+    fits the model's embedding.
     Raises InvalidRunError, VocabularyError or FileNotFoundError (all: exit 2 in the CLI).
     """
-    if num_train_steps < 0:
-        raise InvalidRunError(f"train.num_train_steps={num_train_steps} must be >= 0 (0 = "
-                              "evaluate a trained checkpoint only)")
-    if batch_size < 1:
-        raise InvalidRunError(f"train.batch_size={batch_size} must be >= 1")
+    _check_ranges(num_train_steps=num_train_steps, batch_size=batch_size,
+                  num_microbatches=num_microbatches, checkpoint_every=checkpoint_every,
+                  keep_checkpoints=keep_checkpoints, eval_every=eval_every,
+                  eval_steps=eval_steps, log_every=log_every,
+                  signal_check_every=signal_check_every, restore_step=restore_step,
+                  sequence_length=sequence_length)
     _check_writable(model_dir)
-    if num_train_steps == 0 and not (_has_checkpoint(model_dir) or restore_dir
-                                     or init_params_path):
+    resumed = restore_step if restore_step is not None else _latest_step(model_dir)
+    if resumed is None and restore_dir:
+        resumed = _latest_step(restore_dir)
+    if num_train_steps == 0 and resumed is None and not init_params_path:
         raise InvalidRunError(
             f"train.num_train_steps=0 (evaluation only) but {model_dir} has no checkpoint to "
             "evaluate: is train.model_dir / --model_dir the trained run's directory?")
+    if resumed is not None and 0 < num_train_steps < resumed:
+        raise InvalidRunError(
+            f"train.num_train_steps={num_train_steps} but the run resumes at step {resumed} "
+            f"({model_dir if _latest_step(model_dir) is not None else restore_dir}): it would "
+            "train nothing. Raise num_train_steps to continue, set train.num_train_steps=0 to "
+            "only evaluate, or use a new --model_dir")
     from t5x_like import data
 
     try:
@@ -173,14 +186,34 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
             if not sub.source.list_shards(split):  # sources raise their own "not prepared"
                 raise InvalidRunError(f"task {sub.name!r} has no data files for split {split!r}")
     size = int(data.get_vocabulary(vocabulary).vocab_size)
-    model_size = int(model.config.vocab_size)
-    if size > model_size:
-        raise InvalidRunError(
-            f"train.vocabulary={vocabulary!r} has {size} ids (with sentinels) but the model's "
-            f"embedding has TransformerConfig.vocab_size={model_size} rows: token ids past "
-            f"{model_size - 1} would read garbage. Use a vocabulary that fits (the tiny presets "
-            "are for 'c4like_8k') or set TransformerConfig.vocab_size >= "
-            f"{-(-size // 128) * 128}.")
+    check_fits(vocabulary, int(model.config.vocab_size), what="train.vocabulary",
+               fix="Use a vocabulary that fits (the tiny presets are for 'c4like_8k') or set "
+                   f"TransformerConfig.vocab_size >= {-(-size // 128) * 128}.")
+
+
+def _check_ranges(*, sequence_length: Mapping[str, int], **counts: int | None) -> None:
+    """Each count is in its range (None allowed where the parameter is optional)."""
+    floors = {"num_train_steps": (0, " (0 = evaluate a trained checkpoint only)"),
+              "eval_every": (0, " (0 = never)"), "restore_step": (0, "")}
+    for name, value in counts.items():
+        floor, note = floors.get(name, (1, ""))
+        if value is not None and value < floor:
+            raise InvalidRunError(f"train.{name}={value} must be >= {floor}{note}")
+    if counts["batch_size"] % counts["num_microbatches"]:
+        raise InvalidRunError(f"train.batch_size={counts['batch_size']} is not divisible by "
+                              f"train.num_microbatches={counts['num_microbatches']}")
+    bad = {k: v for k, v in sequence_length.items() if v < 1}
+    if bad or not sequence_length:
+        raise InvalidRunError(f"train.sequence_length={dict(sequence_length)!r}: every feature "
+                              "needs a length >= 1")
+
+
+def _latest_step(model_dir: str) -> int | None:
+    """The newest complete checkpoint step in a local model dir (None if none / remote)."""
+    root = os.path.join(model_dir, C.CHECKPOINT_SUBDIR)
+    if "://" in model_dir or not os.path.isdir(root):
+        return None
+    return max((int(n) for n in os.listdir(root) if n.isdigit()), default=None)
 
 
 def _check_writable(model_dir: str) -> None:
@@ -260,23 +293,63 @@ def train(
         of them got SIGTERM / Ctrl-C (an all-gather that waits for the step in flight), besides
         every step that saves, evaluates or ends the run. One process checks every step (free).
     """
-    required = [k for k, v in dict(locals()).items() if v is gin.REQUIRED]
+    args = dict(locals())
+    required = [k for k, v in args.items() if v is gin.REQUIRED]
     if required:  # only for direct calls: the CLIs check `missing_bindings()` first
         raise MissingBindingError(required)
+    wrong = type_errors("train", train, args)  # the CLIs check every gin binding first
+    if wrong:
+        raise InvalidRunError("; ".join(wrong))
     if on_nonfinite not in S.NONFINITE_POLICIES:
         raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; one of {S.NONFINITE_POLICIES}")
-    model_dir = os.path.abspath(os.path.expanduser(model_dir))
-    preflight(model_dir=model_dir, model=model, task=task, vocabulary=vocabulary,
-              num_train_steps=num_train_steps, batch_size=batch_size, eval_every=eval_every,
-              eval_split=eval_split, restore_dir=restore_dir, init_params_path=init_params_path)
-    is_main = jax.process_index() == 0
-    optimizer = optimizer if optimizer is not None else create_optimizer()
+    args["model_dir"] = model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    preflight(**{k: args[k] for k in inspect.signature(preflight).parameters})
     mesh = P.create_mesh()  # gin: create_mesh.mesh_shape, logical_axis_rules.preset
     rules = P.logical_axis_rules()
     shards = P.batch_shard_count(mesh, rules)
     if batch_size % shards:
         raise InvalidRunError(f"train.batch_size={batch_size} not divisible by the {shards} "
                               f"batch shards of {P.describe(mesh)}")
+    with own_model_dir(model_dir):
+        return _train(**args, mesh=mesh, rules=rules)
+
+
+@contextlib.contextmanager
+def own_model_dir(model_dir: str) -> Iterator[None]:
+    """Hold ``model_dir``'s lock (process 0 takes it; every process fails if it is taken)."""
+    lock = ModelDirLock(model_dir)
+    busy = ""
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except ModelDirBusyError as err:
+            busy = str(err)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        if int(multihost_utils.broadcast_one_to_all(np.int32(bool(busy)))) and not busy:
+            busy = f"train.model_dir={model_dir} is in use by another run (process 0 names it)"
+    if busy:
+        raise ModelDirBusyError(busy)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _train(*, model_dir: str, model: Any, task: str, sequence_length: Mapping[str, int],
+           num_train_steps: int, batch_size: int, vocabulary: str, pack: bool, seed: int,
+           optimizer: Optimizer | None, num_microbatches: int, checkpoint_every: int,
+           keep_checkpoints: int | None, async_checkpointing: bool, restore_step: int | None,
+           restore_dir: str | None, init_params_path: str | None, eval_every: int,
+           eval_steps: int, eval_split: str, log_every: int, on_nonfinite: str,
+           checkpoint_data_iterator: bool, tensorboard: bool, synchronous_metrics: bool,
+           signal_check_every: int, mesh: jax.sharding.Mesh, rules: P.LogicalRules
+           ) -> dict[str, float]:
+    """`train`'s work, once its settings are checked and the model dir is this run's."""
+    is_main = jax.process_index() == 0
+    optimizer = optimizer if optimizer is not None else create_optimizer()
+    shards = P.batch_shard_count(mesh, rules)
     writer = M.MetricsWriter(model_dir, enabled=is_main, tensorboard=tensorboard)
     family = model.family
     writer.console(f"[t5x_like.train] {P.describe(mesh)}; {jax.process_count()} process(es); "
@@ -325,7 +398,8 @@ def train(
     eval_fn = S.jit_eval_step(S.make_eval_step(model), plan, mesh, rules)
     eval_data = (pipeline(split=eval_split, shuffle=False, checkpoint_iterator=False)
                  if eval_every else None)
-    write_operative_config(model_dir)
+    if start < num_train_steps or not os.path.exists(os.path.join(model_dir, "config.gin")):
+        write_operative_config(model_dir)  # an evaluation-only run keeps the trained run's
 
     tokens_per_seq = sum(int(v) for v in sequence_length.values())
     flops_per_step = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
@@ -337,11 +411,23 @@ def train(
     last: dict[str, float] = {}
 
     def save(step: int, force: bool = False) -> None:
+        """Start saving ``step``; the console line comes once the save is confirmed (`saved`)."""
         if (not force and not checkpointer.should_save(step)) or step == checkpointer.last_saved:
             return
-        train_data.save_iterator(checkpointer.data_state_path(step))
-        if checkpointer.save(step, state, train_data.state(), force=force):
-            writer.console(f"[t5x_like.train] checkpoint step {step} -> {checkpointer.directory}")
+        saved(checkpointer.wait())
+        checkpointer.check_space(step, state)  # before the data state is written
+        try:
+            train_data.save_iterator(checkpointer.data_state_path(step))
+        except OSError as err:
+            shutil.rmtree(checkpointer.data_state_path(step), ignore_errors=True)
+            raise C.CheckpointSaveError(step, err.filename or checkpointer.data_dir,
+                                        err.strerror or str(err)) from err
+        checkpointer.save(step, state, train_data.state(), force=force)
+
+    def saved(step: int | None) -> None:
+        if step is not None:
+            writer.console(f"[t5x_like.train] checkpoint step {step} saved in "
+                           f"{checkpointer.directory}")
 
     def run_eval(step: int) -> None:
         assert eval_data is not None
@@ -355,6 +441,9 @@ def train(
         if start >= num_train_steps:  # nothing to train (e.g. gin/runs/eval.gin): evaluate only
             if eval_data is not None:
                 run_eval(start)
+            elif num_train_steps:
+                writer.console(f"[t5x_like.train] already at step {start} = "
+                               "train.num_train_steps: nothing to train")
             return last
         timer = {"mark": time.perf_counter(), "steps": 0}
         timed_from = start + 1  # the first step includes compilation: not timed
@@ -375,6 +464,7 @@ def train(
                         f"{'none' if good is None else f'step {good}'} in {checkpointer.directory}"
                     )
                 writer.console(f"[t5x_like.train] {msg}; update skipped")
+            saved(checkpointer.poll())
             if done == timed_from:
                 timer["mark"], timer["steps"] = time.perf_counter(), 0
             else:
@@ -421,12 +511,12 @@ def train(
                 run_eval(done)
             if signalled:
                 save(done, force=True)
-                checkpointer.wait()
+                saved(checkpointer.wait())
                 why = flag.name or "signal to another process"
                 writer.console(f"[t5x_like.train] {why}: saved step {done}; exiting")
                 raise Preempted(done)
         save(num_train_steps, force=True)
-        checkpointer.wait()
+        saved(checkpointer.wait())
     finally:
         flag.uninstall()
         checkpointer.close()

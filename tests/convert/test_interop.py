@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -21,6 +23,7 @@ from t5x_like.convert import interop
 from t5x_like.convert import param_tree as pt
 from t5x_like.convert.interop import ConversionError
 from t5x_like.models import TransformerConfig, make_model
+from tests.conftest import REPO
 
 TOL = 1e-5
 
@@ -350,8 +353,9 @@ def test_cli_hf_to_ours_to_hf(tmp_path):
     model = make_hf_t5("v1.1")
     hf_dir, ours_dir, out_dir = (str(tmp_path / d) for d in ("hf", "ours", "hf2"))
     model.save_pretrained(hf_dir)
+    # A 64-row embedding fits no real vocabulary: converted without one, explicitly.
     rc = convert.main(["--from", "hf", "--to", "ours", "--input", hf_dir, "--output", ours_dir,
-                       "--gin.TransformerConfig.dtype='float32'"])
+                       "--gin.TransformerConfig.dtype='float32'", "--vocabulary=none"])
     assert rc == 0
     config = TransformerConfig(**convert.parse_gin([os.path.join(ours_dir, "config.gin")], []))
     assert config == V11
@@ -376,25 +380,31 @@ def test_cli_t5x_npz_to_ours_npz(tmp_path):
     np.savez(src, **interop.to_t5x(params, V10, scan_layers=True, flat=True))
     assert convert.main(["--from", "t5x", "--to", "ours", "--input", src, "--output", dst,
                          "--gin.TransformerConfig.dtype='float32'",
-                         "--gin.TransformerConfig.dropout_rate=0.0"]) == 0
+                         "--gin.TransformerConfig.dropout_rate=0.0", "--vocabulary=none"]) == 0
     gin_cfg = convert.parse_gin([str(tmp_path / "ours.gin")], [])
     assert TransformerConfig(**gin_cfg) == V10.replace(dtype="float32")
     with np.load(dst) as npz:
         assert_same_tree(params, {k: npz[k] for k in npz.files})
 
 
-def test_cli_reads_a_t5x_like_model_dir(tmp_path):
+def _model_dir(path: str, config: TransformerConfig) -> tuple[str, dict]:
+    """A t5x_like model dir (a saved train state at step 7 + config.gin) of random params,
+    saved as device arrays (as training saves them: with their shardings)."""
     from t5x_like.train.checkpoints import Checkpointer
 
-    params = random_params(V11.replace(scan_layers=True))
-    model_dir = str(tmp_path / "run")
-    ckpt = Checkpointer(model_dir, save_interval_steps=1, keep=1, async_save=False)
-    state = {"step": np.int32(7), "params": params,
-             "opt_state": {"mu": params, "count": np.int32(7)}}
+    params = random_params(config)
+    ckpt = Checkpointer(path, save_interval_steps=1, keep=1, async_save=False)
+    state = jax.device_put({"step": np.int32(7), "params": params,
+                            "opt_state": {"mu": params, "count": np.int32(7)}})
     assert ckpt.save(7, state, {"batches_consumed": 7}, force=True)
     ckpt.close()
-    with open(os.path.join(model_dir, "config.gin"), "w", encoding="utf-8") as f:
-        f.write(convert.gin_text(V11.replace(scan_layers=True), None, "test"))
+    with open(os.path.join(path, "config.gin"), "w", encoding="utf-8") as f:
+        f.write(convert.gin_text(config, None, "test"))
+    return path, params
+
+
+def test_cli_reads_a_t5x_like_model_dir(tmp_path):
+    model_dir, params = _model_dir(str(tmp_path / "run"), V11.replace(scan_layers=True))
     out = str(tmp_path / "t5x.npz")
     assert convert.main(["--from", "ours", "--to", "t5x", "--input", model_dir,
                          "--output", out]) == 0
@@ -402,3 +412,31 @@ def test_cli_reads_a_t5x_like_model_dir(tmp_path):
         tree = {k: npz[k] for k in npz.files}
     assert sorted(tree) == sorted(EXPECTED_T5X_V11_KEYS)
     assert_same_tree(params, interop.from_t5x(tree, V11.replace(scan_layers=True)))
+
+
+def _convert_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "t5x_like.convert", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_from_ours_restores_without_orbax_warnings(tmp_path):
+    """Reading a model dir restores host arrays with restore args: orbax has no saved sharding
+    to rebuild, so no 'unsafe when restoring on a different topology' warning."""
+    model_dir, params = _model_dir(str(tmp_path / "run"), V11)
+    out = tmp_path / "t5x.npz"
+    proc = _convert_cli("--from", "ours", "--to", "t5x", "--input", model_dir,
+                        "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "topology" not in proc.stderr and "Sharding info" not in proc.stderr, proc.stderr
+    with np.load(out) as npz:
+        assert_same_tree(params, interop.from_t5x({k: npz[k] for k in npz.files}, V11))
+
+
+def test_cli_bad_numeric_flag_and_vocabulary_misuse_exit_2(tmp_path):
+    for flag, message in (("--scan_axis=-1", "argument --scan_axis: must be an integer >= 0"),
+                          ("--vocabulary=c4_32k", "--vocabulary applies to --to ours")):
+        proc = _convert_cli("--from", "t5x", "--to", "hf", "--input", str(tmp_path / "no.npz"),
+                            "--output", str(tmp_path / "hf"), flag)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "hf").exists()

@@ -249,3 +249,15 @@ def test_finetune_steps_bench_adds_a_task_the_scale_left_out(swept, tmp_path):
     bad = subprocess.run([*argv, "--tasks=downstream_wordorder"], capture_output=True,
                          text=True, timeout=600, check=False, cwd=ROOT)
     assert bad.returncode != 0 and "not in the downstream suite" in bad.stderr
+
+
+def test_a_pretraining_stopped_by_a_signal_is_not_evaluated(tmp_path):
+    """The trainer exits 0 after saving on SIGTERM; the runner must not take that checkpoint
+    for the cell's model (it checks the last step against the run's own config.gin)."""
+    model_dir = tmp_path / "pretrain"
+    (model_dir / "checkpoints" / "40").mkdir(parents=True)
+    (model_dir / "config.gin").write_text("train.num_train_steps = 100\n")
+    with pytest.raises(runner.CellFailed, match="stopped at step 40 of 100"):
+        runner._check_finished(str(model_dir), "cell")
+    (model_dir / "checkpoints" / "100").mkdir()
+    runner._check_finished(str(model_dir), "cell")  # finished: no error

@@ -153,6 +153,71 @@ def test_bad_run_settings_fail_before_compute(tmp_path, capsys, bindings, expect
     assert not (tmp_path / "m").exists()  # nothing was written
 
 
+@pytest.mark.parametrize(
+    ("bindings", "expected"),
+    [
+        (["train.batch_size='16'"], "train.batch_size='16' has type str, expected int"),
+        (["train.num_train_steps=5.0"], "train.num_train_steps=5.0 has type float, expected int"),
+        (["TransformerConfig.emb_dim='a'"],
+         "TransformerConfig.emb_dim='a' has type str, expected int"),
+        (["train.sequence_length={'inputs': 32, 'targets': 8.5}"],
+         "expected a mapping of str to int"),
+        (["MIXTURE_OR_TASK_NAME=3"], "train.task=3 has type int, expected str"),  # via a macro
+        (["train.keep_checkpoints='3'"], "expected int or None"),
+    ],
+)
+def test_bindings_of_the_wrong_type_fail_before_anything_is_written(
+        tmp_path, capsys, bindings, expected) -> None:
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}",
+                   *[f"--gin.{b}" for b in bindings]])
+    err = capsys.readouterr().err
+    assert rc == 2 and expected in err and "Traceback" not in err, err
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("bindings", "expected"),
+    [
+        (["train.checkpoint_every=0"], "train.checkpoint_every=0 must be >= 1"),
+        (["train.log_every=-1"], "train.log_every=-1 must be >= 1"),
+        (["train.keep_checkpoints=0"], "train.keep_checkpoints=0 must be >= 1"),
+        (["train.eval_every=-1"], "train.eval_every=-1 must be >= 0 (0 = never)"),
+        (["train.num_microbatches=3"],
+         "train.batch_size=32 is not divisible by train.num_microbatches=3"),
+        (["train.sequence_length={'inputs': 0, 'targets': 8}"], "needs a length >= 1"),
+    ],
+)
+def test_counts_out_of_range_fail_before_anything_is_written(
+        tmp_path, capsys, bindings, expected) -> None:
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}",
+                   *[f"--gin.{b}" for b in bindings]])
+    err = capsys.readouterr().err
+    assert rc == 2 and expected in err and "Traceback" not in err, err
+    assert not (tmp_path / "m").exists()
+
+
+def test_fewer_steps_than_the_run_has_done_is_refused_and_config_kept(tmp_path, capsys) -> None:
+    """A run already at step 200 asked for 50 steps: nothing to do, and config.gin still
+    describes the run that trained (a step directory is all the check reads)."""
+    (tmp_path / "m" / "checkpoints" / "200").mkdir(parents=True)
+    (tmp_path / "m" / "config.gin").write_text("train.num_train_steps = 200\n")
+    rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}",
+                   "--gin.train.num_train_steps=50"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "train.num_train_steps=50 but the run resumes at step 200" in err, err
+    assert (tmp_path / "m" / "config.gin").read_text() == "train.num_train_steps = 200\n"
+
+
+def test_a_model_dir_another_run_holds_is_refused_naming_it(tmp_path, capsys) -> None:
+    from t5x_like.train.model_dir_lock import ModelDirLock
+
+    with ModelDirLock(str(tmp_path / "m")):  # this process plays the other run
+        rc = cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={tmp_path / 'm'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"is in use by another run: pid {os.getpid()} on host" in err, err
+    assert sorted(os.listdir(tmp_path / "m")) == [".lock"]  # the second run wrote nothing
+
+
 def test_model_dir_below_a_file_fails_before_compute(tmp_path, capsys) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -232,8 +297,17 @@ _TABLE_ROWS = {
     "a vocabulary larger than the embedding": [["--gin_file=gin/models/tiny.gin",
                                                 "--gin_file=gin/runs/pretrain.gin",
                                                 "--gin.train.task='c4like_span_corruption'"]],
+    "`--gin.train.batch_size=\"'16'\"`": [["--gin.train.batch_size='16'"],
+                                          ["--gin.train.num_train_steps=5.0"]],
+    "`train.checkpoint_every=0`": [["--gin.train.checkpoint_every=0"],
+                                   ["--gin.train.num_microbatches=3"]],
+    "`--gin.train.num_train_steps=50` on a run": ["at_step_200"],
+    "a model dir another run is using": ["locked"],
 }
-_CHECKPOINT_ROWS = ("the newest checkpoint unreadable", "`train.restore_step=N`")
+#: Rows whose messages need a trained run or a full disk: asserted by these test files.
+_ROWS_TESTED_ELSEWHERE = {"the newest checkpoint unreadable": "test_corrupt_checkpoints.py",
+                          "`train.restore_step=N`": "test_corrupt_checkpoints.py",
+                          "a full disk": "test_write_failures.py"}
 
 
 def _bad_inputs_table() -> list[tuple[str, list[str]]]:
@@ -251,18 +325,28 @@ def _bad_inputs_table() -> list[tuple[str, list[str]]]:
 
 
 def test_docs_bad_inputs_table_matches_the_cli(tmp_path, capsys) -> None:
+    from t5x_like.train.model_dir_lock import ModelDirLock
+
     rows = _bad_inputs_table()
-    assert len(rows) == len(_TABLE_ROWS) + len(_CHECKPOINT_ROWS)
-    corrupt_tests = (REPO / "tests/train/test_corrupt_checkpoints.py").read_text()
+    assert len(rows) == len(_TABLE_ROWS) + len(_ROWS_TESTED_ELSEWHERE)
     for i, (what, pieces) in enumerate(rows):
-        if what.startswith(_CHECKPOINT_ROWS):
-            assert all(p in corrupt_tests for p in pieces), (what, pieces)
+        elsewhere = [f for key, f in _ROWS_TESTED_ELSEWHERE.items() if what.startswith(key)]
+        if elsewhere:
+            text = (REPO / "tests" / "train" / elsewhere[0]).read_text()
+            assert all(p in text for p in pieces), (what, pieces)
             continue
         [runs] = [r for key, r in _TABLE_ROWS.items() if what.startswith(key)]
         seen = ""
         for j, run in enumerate(runs):
             model_dir = tmp_path / f"m{i}_{j}"
-            if run == "read_only":
+            lock = ModelDirLock(str(model_dir))
+            if run == "at_step_200":
+                (model_dir / "checkpoints" / "200").mkdir(parents=True)
+                run = ["--gin.train.num_train_steps=50"]
+            elif run == "locked":
+                lock.acquire()
+                run = []
+            elif run == "read_only":
                 read_only = _read_only_directory(tmp_path)
                 if read_only is None:
                     pytest.skip("running as root and no read-only mount to try")
@@ -271,8 +355,11 @@ def test_docs_bad_inputs_table_matches_the_cli(tmp_path, capsys) -> None:
                 (tmp_path / "a_file").write_text("")
                 model_dir, run = tmp_path / "a_file" / "run", []
             gin.clear_config()
-            assert cli.main(["--gin_file=gin/runs/quickstart.gin", f"--model_dir={model_dir}",
-                             *run]) == 2, (what, run)
+            try:
+                assert cli.main(["--gin_file=gin/runs/quickstart.gin",
+                                 f"--model_dir={model_dir}", *run]) == 2, (what, run)
+            finally:
+                lock.release()
             seen += capsys.readouterr().err
         missing = [p for p in pieces if p not in seen]
         assert not missing, f"docs/training.md row {what!r}: {missing} not in:\n{seen}"
