@@ -362,12 +362,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {cli.error_message(err)}", file=sys.stderr)
         return 3
     except (CheckpointSaveError, OSError) as err:  # a write failed: exit 5, as train
-        if isinstance(err, OSError) and err.filename is None:
-            raise
-        what = (cli.error_message(err) if isinstance(err, CheckpointSaveError)
-                else f"{err.filename}: {err.strerror}")
-        print(f"error: {what}; re-run the same command once it can be written: finished "
-              "fine-tunes are kept", file=sys.stderr)
+        print(f"error: {cli.error_message(err)}; re-run the same command once it can be "
+              "written: finished fine-tunes are kept", file=sys.stderr)
         return 5
     except Interrupted as stop:  # exit 0, as train does after saving on a signal
         print(f"[t5x_like.evaluate] {stop}; re-run the same command to resume", flush=True)

@@ -228,11 +228,9 @@ def main(argv: Sequence[str]) -> int:
               "and run the same command again: it resumes from the last saved checkpoint",
               file=sys.stderr)
         return 5
-    except OSError as err:
-        if err.filename is None:
-            raise
-        print(f"error: {err.filename}: {err.strerror}; the run stopped. Run the same command "
-              "again to resume from the last saved checkpoint", file=sys.stderr)
+    except OSError as err:  # a write failed (gin re-raises it as a proxy: use its text)
+        print(f"error: {error_message(err)}; the run stopped. Run the same command again to "
+              "resume from the last saved checkpoint", file=sys.stderr)
         return 5
     except trainer.Preempted:
         return 0

@@ -110,8 +110,11 @@ class MetricsWriter:
         clean = {k: (None if v is None else float(v)) for k, v in metrics.items()}
         assert self._jsonl is not None
         row = {"step": int(step), "split": split, "time": time.time(), **clean}
-        self._jsonl.write(json.dumps(row) + "\n")
-        self._jsonl.flush()
+        try:
+            self._jsonl.write(json.dumps(row) + "\n")
+            self._jsonl.flush()
+        except OSError as err:  # a full disk: name the file (Python's own error does not)
+            raise OSError(err.errno, err.strerror, self._jsonl.name) from err
         if self._tb is not None:  # TensorBoard's classic scalars (simple_value)
             import tensorflow as tf
 
@@ -169,8 +172,11 @@ class MetricsWriter:
     def close(self) -> None:
         """Flush and close files."""
         if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+            jsonl, self._jsonl = self._jsonl, None
+            try:
+                jsonl.close()
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, jsonl.name) from err
         if self._tb is not None:
             self._tb.close()
             self._tb = None

@@ -98,3 +98,19 @@ def test_a_write_that_fails_in_orbax_is_reported_once(namespace, tmp_path, compi
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "saved in" not in stdout
     assert set((tmp_path / "steps").read_text().split()) == {".", ".."}  # tmp dir removed
+
+
+def test_a_full_disk_while_logging_metrics_is_one_line(namespace, tmp_path, compile_cache) -> None:
+    """No save is due; metrics.jsonl is what cannot be written: one line naming it, exit 5."""
+    out = tmp_path / "run"
+    script = "\n".join([
+        'mount -t tmpfs -o size=16k tmpfs "$MNT" || exit 1',
+        _train(tmp_path / "mnt/run", out, "train.checkpoint_every = 1000",
+               "train.num_train_steps = 200", "train.tensorboard = False"),
+    ])
+    _run_in_namespace(script, tmp_path, compile_cache)
+    rc, stdout, err = _result(out)
+    assert rc == 5, stdout[-2000:] + err[-2000:]
+    assert "error: [Errno 28] No space left on device: " in err, err
+    assert f"{tmp_path / 'mnt/run/metrics.jsonl'}'; the run stopped" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
