@@ -419,7 +419,8 @@ import tempfile
 
 import gin
 
-from t5x_like.train import cli, trainer
+from t5x_like import gin_utils
+from t5x_like.train import trainer
 
 WORKDIR = Path(os.environ.get("T5X_LIKE_NOTEBOOK_WORKDIR") or tempfile.mkdtemp(prefix="nb_"))
 STEPS = 20 if SMALL else 300
@@ -440,7 +441,7 @@ def train_run(name: str, gin_files: list[str], lengths: dict[str, int]) -> Path:
     """Train one model with gin (as the CLI would) in WORKDIR/name; returns the model dir."""
     model_dir = WORKDIR / name
     gin.clear_config()
-    cli.parse_gin([str(REPO_ROOT / f) for f in gin_files],
+    gin_utils.parse_gin([str(REPO_ROOT / f) for f in gin_files],
                   [*COMMON, f"TASK_FEATURE_LENGTHS = {lengths}"])
     trainer.train(model_dir=str(model_dir))
     gin.clear_config()

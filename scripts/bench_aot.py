@@ -130,13 +130,13 @@ def replan(report: dict[str, Any]) -> dict[str, Any]:
     (cheap: no compile), so planner changes are re-scored against the cached compiles."""
     import gin
 
+    from t5x_like import gin_utils
     from t5x_like import plan as PL
     from t5x_like.models import TransformerConfig
-    from t5x_like.train import cli
 
     c = report["config"]
     gin.clear_config()
-    cli.parse_gin(c["gin_files"], c["bindings"])
+    gin_utils.parse_gin(c["gin_files"], c["bindings"])
     cfg = TransformerConfig()
     out = {}
     for compiler in PL.COMPILERS:

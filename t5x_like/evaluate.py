@@ -48,8 +48,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from t5x_like import flags, infer
-from t5x_like.train import cli
+from t5x_like import flags, gin_utils, infer
 from t5x_like.train.checkpoints import CheckpointUnreadableError
 
 DEFAULT_FINETUNE_STEPS = 200
@@ -106,13 +105,14 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
         summary["step"] = done[-1]
         return summary
     gin.clear_config()
-    cli.parse_gin([os.path.join(config_dir, "config.gin"), FINETUNE_GIN, *gin_files], bindings)
+    gin_utils.parse_gin([os.path.join(config_dir, "config.gin"), FINETUNE_GIN, *gin_files],
+                        bindings)
     from t5x_like.train import trainer
 
     start = time.perf_counter()
     missing = trainer.missing_bindings()
     if missing:
-        raise cli.ConfigError(
+        raise gin_utils.ConfigError(
             f"missing required gin binding: {trainer.MissingBindingError(missing)}")
     last = trainer.train()
     summary.update(trained=True, seconds=round(time.perf_counter() - start, 1),
@@ -128,7 +128,7 @@ def checkpoint_vocabulary(model_dir: str, *, converted: bool,
     (`infer.model_vocabulary`: InferenceError naming both sizes); returns its name."""
     bindings = infer.parse_model_config(model_dir, (), gin_bindings)
     if "model" not in bindings:
-        raise cli.ConfigError(f"{model_dir}/config.gin binds no train.model")
+        raise gin_utils.ConfigError(f"{model_dir}/config.gin binds no train.model")
     name, _ = infer.model_vocabulary(bindings, model_dir, converted=converted)
     gin.clear_config()
     return name
@@ -305,7 +305,7 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Flags of `python -m t5x_like.evaluate` (`--gin.K=V` handled by cli.split_gin_flags)."""
+    """Flags of `python -m t5x_like.evaluate` (`--gin.K=V` handled by gin_utils.split_gin_flags)."""
     p = argparse.ArgumentParser(prog="python -m t5x_like.evaluate",
                                 description="Fine-tune a checkpoint on the downstream suite and "
                                 "report its scores.",
@@ -338,8 +338,8 @@ def main(argv: Sequence[str]) -> int:
     SIGTERM / Ctrl-C saved a fine-tune (as `train`)."""
     parser = build_parser()
     try:
-        rest, gin_flags = cli.split_gin_flags(argv)
-    except cli.ConfigError as err:
+        rest, gin_flags = gin_utils.split_gin_flags(argv)
+    except gin_utils.ConfigError as err:
         parser.error(str(err))
     args = parser.parse_args(rest)
     from t5x_like.train.checkpoints import CheckpointSaveError
@@ -354,15 +354,15 @@ def main(argv: Sequence[str]) -> int:
             multitask=args.multitask, classification=args.classification,
             gin_files=args.gin_file,
             gin_bindings=[*args.gin_bindings, *gin_flags])
-    except (infer.InferenceError, cli.ConfigError, CheckpointUnreadableError, ValueError,
+    except (infer.InferenceError, gin_utils.ConfigError, CheckpointUnreadableError, ValueError,
             ModelDirBusyError, FileNotFoundError) as err:
-        print(f"error: {cli.error_message(err)}", file=sys.stderr)
+        print(f"error: {gin_utils.error_message(err)}", file=sys.stderr)
         return 2
     except NonFiniteLossError as err:
-        print(f"error: {cli.error_message(err)}", file=sys.stderr)
+        print(f"error: {gin_utils.error_message(err)}", file=sys.stderr)
         return 3
     except (CheckpointSaveError, OSError) as err:  # a write failed: exit 5, as train
-        print(f"error: {cli.error_message(err)}; re-run the same command once it can be "
+        print(f"error: {gin_utils.error_message(err)}; re-run the same command once it can be "
               "written: finished fine-tunes are kept", file=sys.stderr)
         return 5
     except Interrupted as stop:  # exit 0, as train does after saving on a signal

@@ -43,10 +43,9 @@ import gin
 import jax
 import numpy as np
 
-from t5x_like import flags
+from t5x_like import flags, gin_utils
 from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.train import checkpoints as C
-from t5x_like.train import cli
 from t5x_like.train import partitioning as P
 
 log = logging.getLogger("t5x_like.infer")  # not `__main__` under `python -m t5x_like.infer`
@@ -141,14 +140,14 @@ def parse_model_config(model_dir: str, gin_files: Sequence[str] = (),
                        gin_bindings: Sequence[str] = (),
                        gin_search_paths: Sequence[str] = ()) -> dict[str, Any]:
     """Clears gin, parses `model_dir/config.gin` + extra files/bindings (later ones win) and
-    returns the resolved `train.*` bindings (`model` is built). Raises cli.ConfigError."""
+    returns the resolved `train.*` bindings (`model` is built). Raises gin_utils.ConfigError."""
     gin.clear_config()
-    cli.parse_gin([os.path.join(model_dir, "config.gin"), *gin_files], gin_bindings,
+    gin_utils.parse_gin([os.path.join(model_dir, "config.gin"), *gin_files], gin_bindings,
                   gin_search_paths)
     try:
         return gin.get_bindings("train")
     except (ValueError, TypeError, RuntimeError) as err:
-        raise cli.ConfigError(f"invalid gin config in {model_dir}: {err}") from err
+        raise gin_utils.ConfigError(f"invalid gin config in {model_dir}: {err}") from err
 
 
 def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
@@ -165,7 +164,7 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     model_dir, step = resolve_checkpoint(checkpoint, step)
     bindings = parse_model_config(model_dir, gin_files, gin_bindings, gin_search_paths)
     if "model" not in bindings:
-        raise cli.ConfigError(f"{model_dir}/config.gin binds no train.model")
+        raise gin_utils.ConfigError(f"{model_dir}/config.gin binds no train.model")
     # One model object per config: jitted decode/score functions are cached per model object.
     model = _MODELS.setdefault(bindings["model"].config, bindings["model"])
     lengths = bindings.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)  # unbound: converted
@@ -571,7 +570,7 @@ METHOD_FLAGS = {"greedy": (), "sample": ("temperature", "top_k", "top_p"),
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Flags of `python -m t5x_like.infer` (`--gin.K=V` is handled by cli.split_gin_flags)."""
+    """Flags of `python -m t5x_like.infer` (`--gin.K=V` is handled by gin_utils.split_gin_flags)."""
     p = argparse.ArgumentParser(prog="python -m t5x_like.infer",
                                 description="Decode (and score) text with a trained model.")
     p.add_argument("--checkpoint", required=True, help="model dir or model_dir/checkpoints/STEP")
@@ -616,8 +615,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     not use, exits with status 2 before anything is loaded."""
     parser = build_parser()
     try:
-        rest, gin_flags = cli.split_gin_flags(argv)
-    except cli.ConfigError as err:
+        rest, gin_flags = gin_utils.split_gin_flags(argv)
+    except gin_utils.ConfigError as err:
         parser.error(str(err))
     args = parser.parse_args(rest)
     used = METHOD_FLAGS[args.method]
@@ -658,7 +657,7 @@ def main(argv: Sequence[str]) -> int:
             target_scores = score(predictor, [rows[i]["inputs"] for i in scored],
                                   [rows[i]["targets"] for i in scored],
                                   batch_size=args.batch_size)
-    except (InferenceError, cli.ConfigError, C.CheckpointMismatchError, ValueError) as err:
+    except (InferenceError, gin_utils.ConfigError, C.CheckpointMismatchError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for i, value in zip(scored, target_scores, strict=True):

@@ -622,7 +622,7 @@ def _fit_advice(fix: Mapping[str, Any] | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m t5x_like.plan``; returns the exit status."""
-    from t5x_like.train import cli
+    from t5x_like import gin_utils
 
     if not os.environ.get("JAX_PLATFORMS"):  # shapes and arithmetic only: never initialise a
         jax.config.update("jax_platforms", "cpu")  # GPU/TPU plugin (a venv may hold them)
@@ -649,12 +649,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="activation model: XLA:TPU/GPU fusion (default) or XLA:CPU")
     p.add_argument("--json", action="store_true")
     try:
-        rest, gin_flags = cli.split_gin_flags(sys.argv[1:] if argv is None else argv)
-    except cli.ConfigError as err:
+        rest, gin_flags = gin_utils.split_gin_flags(sys.argv[1:] if argv is None else argv)
+    except gin_utils.ConfigError as err:
         p.error(str(err))
     args = p.parse_args(rest)
     try:
-        cli.parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags])
+        gin_utils.parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags])
         config = TransformerConfig()
         lengths = args.sequence_length or gin_value("train.sequence_length")
         if lengths is None:
@@ -697,7 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "sharding": found["sharding"], "remat": found["remat"],
                     "num_microbatches": found["num_microbatches"],
                     "total_bytes": found["total_bytes"], "gin_flags": recommend_flags(found)}
-    except (ValueError, cli.ConfigError) as err:
+    except (ValueError, gin_utils.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.json:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", REPO / "DESIGN.md", *sorted((REPO / "docs").glob("**/*.md"))]
 
 INTERPRETERS = {"python", "python3", ".venv/bin/python", ".venv-aot/bin/python"}
-# CLIs that take the trainer's `--gin.KEY=VALUE` shorthand (t5x_like.train.cli.split_gin_flags).
+# CLIs that take the `--gin.KEY=VALUE` shorthand (t5x_like.gin_utils.split_gin_flags).
 GIN_SHORTHAND = {"t5x_like.train", "t5x_like.infer", "t5x_like.evaluate", "t5x_like.plan",
                  "t5x_like.aot", "t5x_like.convert"}
 # CLIs whose gin files and bindings are the trainer's, so they must parse as a training config.
@@ -304,12 +304,12 @@ def _env() -> dict[str, str]:
 
 _PARSE = """
 import json, sys, gin
-from t5x_like.train import cli
+from t5x_like import gin_utils
 errors = []
 for files, bindings in json.load(sys.stdin):
     gin.clear_config()
     try:
-        cli.parse_gin(files, bindings)
+        gin_utils.parse_gin(files, bindings)
         errors.append(None)
     except Exception as e:  # noqa: BLE001
         errors.append(f"{type(e).__name__}: {e}")

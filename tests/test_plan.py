@@ -228,9 +228,9 @@ def test_plan_an_8b_model_on_a_fake_256_chip_mesh() -> None:
     """No devices and nothing allocated: eval_shape only, shard sizes from the mesh shape."""
     import gin
 
-    from t5x_like.train import cli
+    from t5x_like import gin_utils
 
-    cli.parse_gin(["gin/models/decoder_only_8b.gin"], [])
+    gin_utils.parse_gin(["gin/models/decoder_only_8b.gin"], [])
     cfg = TransformerConfig()
     result = PL.plan(cfg, batch_size=256, sequence_length={"targets": 4096},
                      mesh_shape=(1, -1, 8), num_devices=256, preset="tensor_parallel_2d",

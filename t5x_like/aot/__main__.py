@@ -105,12 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from t5x_like import tf_setup
 
     with tf_setup.drop_stderr_lines(STARTUP_NOISE):  # importing jax loads the plugins
-        from t5x_like.train import cli
+        from t5x_like import gin_utils
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        rest, gin_flags = cli.split_gin_flags(argv)
-    except cli.ConfigError as err:
+        rest, gin_flags = gin_utils.split_gin_flags(argv)
+    except gin_utils.ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(rest)
@@ -134,11 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if bad:
             raise ValueError(f"--xla_option {bad[0]!r}: expected KEY=VALUE")
         options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.xla_option)}
-        cli.parse_gin(args.gin_file, bindings, args.gin_search_paths)
+        gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
         report = A.run_report(target, STEPS[args.step], gin_files=args.gin_file,
                               bindings=bindings, with_plan=not args.no_plan, log=log,
                               compiler_options=options, hlo_prefix=args.hlo_out)
-    except (ValueError, cli.ConfigError) as err:
+    except (ValueError, gin_utils.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(A.format_report(report), flush=True)

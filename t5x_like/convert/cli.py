@@ -54,9 +54,9 @@ from t5x_like import flags
 from t5x_like.convert import interop
 from t5x_like.convert import param_tree as pt
 from t5x_like.convert.interop import ConversionError
+from t5x_like.gin_utils import REPO_ROOT, quiet_gin_search
 from t5x_like.models.config import TransformerConfig
 from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR, find_state_dir
-from t5x_like.train.cli import REPO_ROOT, quiet_gin_search
 
 #: The SentencePiece model an HF T5 checkpoint ships; `--to ours` copies it beside the params.
 HF_SENTENCEPIECE = "spiece.model"

@@ -56,12 +56,12 @@ def resolve(path: str) -> str:
 
 def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
     """Parse train gin (every t5x_like configurable registered) into a cleared gin state."""
-    from t5x_like.train import cli
+    from t5x_like import gin_utils
 
     gin.clear_config()
     try:
-        cli.parse_gin([resolve(f) for f in files], list(bindings))
-    except cli.ConfigError as err:
+        gin_utils.parse_gin([resolve(f) for f in files], list(bindings))
+    except gin_utils.ConfigError as err:
         raise SweepError(str(err)) from err
 
 

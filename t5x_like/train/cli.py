@@ -1,26 +1,14 @@
-"""Command-line parsing and gin set-up for ``python -m t5x_like.train``."""
+"""Command-line flags of ``python -m t5x_like.train`` and its entry point (gin: ``gin_utils``)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import difflib
-import inspect
-import logging
 import os
-import re
 import sys
-from collections.abc import Iterator, Sequence
-
-import gin
+from collections.abc import Sequence
 
 from t5x_like import flags
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class ConfigError(ValueError):
-    """A gin file or binding is invalid (unknown / misspelled / missing required binding)."""
+from t5x_like.gin_utils import ConfigError, error_message, parse_gin, split_gin_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,141 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_processes", type=flags.positive_int, default=None)
     p.add_argument("--process_id", type=flags.non_negative_int, default=None)
     return p
-
-
-def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Separate ``--gin.KEY=VALUE`` / ``--gin.KEY VALUE`` bindings from the other flags."""
-    rest, bindings = [], []
-    args = iter(argv)
-    for a in args:
-        if not a.startswith("--gin."):
-            rest.append(a)
-        elif "=" in a:
-            bindings.append(a[len("--gin."):])
-        else:
-            value = next(args, None)
-            if value is None:
-                raise ConfigError(f"flag {a} has no value (use --gin.KEY=VALUE)")
-            bindings.append(f"{a[len('--gin.'):]}={value}")
-    return rest, bindings
-
-
-def register_configurables() -> None:
-    """Import every module that registers gin configurables, so bindings can be checked (and a
-    run's saved config.gin, which binds the data layer's too, parses in a fresh process)."""
-    import t5x_like.data.tasks  # noqa: F401
-    import t5x_like.models  # noqa: F401
-    import t5x_like.train.optimizers  # noqa: F401
-    import t5x_like.train.partitioning  # noqa: F401
-    import t5x_like.train.trainer  # noqa: F401
-
-
-@contextlib.contextmanager
-def quiet_gin_search() -> Iterator[None]:
-    """Drops gin's "Path not found" ERROR lines: logged for every search-path prefix its package
-    reader tries before one resolves an `include` (noise; a file found nowhere still fails)."""
-    def keep(record: logging.LogRecord) -> bool:
-        return record.msg != "Path not found: %s"
-
-    logging.getLogger().addFilter(keep)
-    try:
-        yield
-    finally:
-        logging.getLogger().removeFilter(keep)
-
-
-def parse_gin(files: Sequence[str], bindings: Sequence[str],
-              search_paths: Sequence[str] = ()) -> None:
-    """Parse gin files + bindings; any problem raises ConfigError naming the binding."""
-    register_configurables()
-    paths = [p for entry in search_paths for p in entry.split(",") if p]
-    for path in [*paths, os.getcwd(), REPO_ROOT]:
-        gin.add_config_file_search_path(path)
-    resolved = []
-    for f in files:
-        if not os.path.exists(f):
-            found = [os.path.join(p, f) for p in [*paths, REPO_ROOT] if
-                     os.path.exists(os.path.join(p, f))]
-            if not found:
-                raise ConfigError(f"gin file not found: {f}")
-            f = found[0]
-        resolved.append(f)
-    try:
-        with quiet_gin_search():
-            gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
-    except (ValueError, KeyError, SyntaxError, TypeError, ImportError, OSError) as err:
-        unquoted = _unquoted_string(str(err), bindings)
-        if unquoted:
-            raise ConfigError(unquoted) from err
-        raise ConfigError(f"invalid gin config: {err}{gin_error_hint(str(err))}") from err
-    from t5x_like.train.gin_types import binding_type_errors
-
-    wrong = binding_type_errors()
-    if wrong:
-        raise ConfigError(f"gin binding of the wrong type: {'; '.join(wrong)} (gin reads "
-                          "Python literals: 16 is an int, '16' a string)")
-
-
-def _configurables() -> dict[str, object]:
-    """Registered gin configurables by short name (``train``, ``make_model``, ...)."""
-    return {selector.rsplit(".", 1)[-1]: c
-            for selector, c in gin.config._REGISTRY.items()}  # noqa: SLF001 - no public listing
-
-
-def _parameters(configurable: object) -> list[str]:
-    fn = getattr(configurable, "wrapped", None)
-    if fn is None:
-        return []
-    if inspect.isclass(fn):
-        fn = fn.__init__
-    return [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
-
-
-def _did_you_mean(name: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
-def _unquoted_string(message: str, bindings: Sequence[str]) -> str | None:
-    """Gin reads a bare word as a Python literal, so ``--gin.train.task=c4like_prefix_lm`` fails
-    with "malformed node or string": say that strings need quotes, naming the binding."""
-    token = re.search(r"Failed to parse token '([^']*)'", message)
-    if not token:
-        return None
-    word = token.group(1)
-    key = next((b.split("=", 1)[0].strip() for b in bindings
-                if "=" in b and b.split("=", 1)[1].strip() == word), None)
-    if key is None:  # in a gin file: gin's message names the file and line
-        return None
-    return (f"invalid gin binding {key}={word}: gin strings need quotes: "
-            f"--gin.{key}=\"'{word}'\" on the command line, {key} = '{word}' in a gin file")
-
-
-def gin_error_hint(message: str) -> str:
-    """A hint naming the closest registered names for a misspelled configurable or parameter,
-    or the quotes a bare word needs."""
-    token = re.search(r"Failed to parse token '([^']*)'", message)
-    if token:
-        return f"\n  hint: gin strings need quotes: '{token.group(1)}'"
-    found = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", message)
-    configurables = _configurables()
-    if found:
-        name, param = found.groups()
-        configurable = configurables.get(name.rsplit(".", 1)[-1])
-        hint = _did_you_mean(param, _parameters(configurable)) if configurable else ""
-        return f"\n  hint:{hint}" if hint else ""
-    found = re.search(r"No configurable matching '([\w.]+)'", message)
-    if found:
-        hint = _did_you_mean(found.group(1).rsplit(".", 1)[-1], sorted(configurables))
-        return f"\n  hint:{hint}" if hint else ""
-    return ""
-
-
-def error_message(err: BaseException) -> str:
-    """The error's message without the "In call to configurable ..." line gin appends."""
-    lines = str(err).rstrip().splitlines()
-    return "\n".join(line for line in lines
-                     if not line.strip().startswith("In call to configurable"))
 
 
 def main(argv: Sequence[str]) -> int:

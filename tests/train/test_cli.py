@@ -11,18 +11,19 @@ from pathlib import Path
 import gin
 import pytest
 
+from t5x_like import gin_utils
 from t5x_like.train import cli
 from tests.train.conftest import REPO, TINY_MODEL_BINDINGS, subprocess_env
 
 
 def test_split_gin_flags_turns_dotted_flags_into_bindings() -> None:
-    rest, bindings = cli.split_gin_flags(
+    rest, bindings = gin_utils.split_gin_flags(
         ["--gin_file=a.gin", "--gin.train.batch_size=64", "--gin.train.task", "'x'", "--model_dir",
          "d"])
     assert rest == ["--gin_file=a.gin", "--model_dir", "d"]
     assert bindings == ["train.batch_size=64", "train.task='x'"]
-    with pytest.raises(cli.ConfigError, match="no value"):
-        cli.split_gin_flags(["--gin.train.seed"])
+    with pytest.raises(gin_utils.ConfigError, match="no value"):
+        gin_utils.split_gin_flags(["--gin.train.seed"])
 
 
 @pytest.mark.parametrize(
@@ -100,8 +101,8 @@ def test_unquoted_gin_string_says_strings_need_quotes(tmp_path, capsys) -> None:
 def test_unquoted_string_in_a_gin_file_gets_a_hint(tmp_path) -> None:
     bad = tmp_path / "bad.gin"
     bad.write_text("train.task = c4like_prefix_lm\n", encoding="utf-8")
-    with pytest.raises(cli.ConfigError, match="gin strings need quotes: 'c4like_prefix_lm'"):
-        cli.parse_gin(["gin/runs/quickstart.gin", str(bad)], [])
+    with pytest.raises(gin_utils.ConfigError, match="gin strings need quotes: 'c4like_prefix_lm'"):
+        gin_utils.parse_gin(["gin/runs/quickstart.gin", str(bad)], [])
 
 
 def test_commands_work_outside_the_repository(tmp_path) -> None:
@@ -120,12 +121,12 @@ def test_includes_resolve_from_any_directory_without_error_lines(tmp_path, monke
     directory gin resolves them through the repo root, without its "Path not found" ERRORs for
     the prefixes it tried first; an include found nowhere is still an error naming it."""
     monkeypatch.chdir(tmp_path)
-    cli.parse_gin([str(REPO / "gin" / "runs" / "quickstart.gin")], [])
+    gin_utils.parse_gin([str(REPO / "gin" / "runs" / "quickstart.gin")], [])
     assert gin.query_parameter("TransformerConfig.num_encoder_layers") == 2  # from tiny.gin
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     (tmp_path / "bad.gin").write_text("include 'gin/models/no_such_model.gin'\n")
-    with pytest.raises(cli.ConfigError, match="no_such_model.gin"):
-        cli.parse_gin([str(tmp_path / "bad.gin")], [])
+    with pytest.raises(gin_utils.ConfigError, match="no_such_model.gin"):
+        gin_utils.parse_gin([str(tmp_path / "bad.gin")], [])
 
 
 @pytest.mark.parametrize(
@@ -267,13 +268,13 @@ def test_saved_config_names_the_model_dir_absolutely(tmp_path, monkeypatch) -> N
     text = (tmp_path / rel / "config.gin").read_text(encoding="utf-8")
     assert f"train.model_dir = {str(tmp_path / rel)!r}" in text
     gin.clear_config()  # the saved config parses, naming the run's directory
-    cli.parse_gin([str(tmp_path / rel / "config.gin")], [])
+    gin_utils.parse_gin([str(tmp_path / rel / "config.gin")], [])
     assert gin.query_parameter("train.model_dir") == str(tmp_path / rel)
     # ... also in a fresh process, where only the CLI's own imports have registered the
     # configurables (the data layer's Objective / denoise bindings are in every saved config).
     assert "denoise." in text
-    code = ("import sys; from t5x_like.train import cli; "
-            "cli.parse_gin([sys.argv[1]], []); print('parsed')")
+    code = ("import sys; from t5x_like import gin_utils; "
+            "gin_utils.parse_gin([sys.argv[1]], []); print('parsed')")
     fresh = subprocess.run([sys.executable, "-c", code, str(tmp_path / rel / "config.gin")],
                            capture_output=True, text=True, env=subprocess_env(1), cwd=REPO)
     assert fresh.stdout.strip() == "parsed", fresh.stderr[-2000:]
