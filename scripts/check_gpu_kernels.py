@@ -12,7 +12,6 @@ memory, or has no cp.async / TMA loads (its k loop is not software-pipelined).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ def main() -> int:
     from t5x_like.aot import gpu
 
     gpu.require_gpu_compiler()
-    fa = importlib.import_module("t5x_like.kernels.flash_attention")
+    from t5x_like.kernels import flash as fa
     rows, failures = [], []
     t0 = time.time()
     for arch in args.archs.split(","):

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from t5x_like.aot.tpu import GENERATIONS, target_devices  # noqa: E402
 from t5x_like.kernels import _flash_tpu  # noqa: E402
-from t5x_like.kernels.flash_attention import flash_attention  # noqa: E402
+from t5x_like.kernels.flash import flash_attention  # noqa: E402
 
 MIB = 2**20
 #: name -> (flash_attention keyword arguments, side inputs used)
@@ -155,7 +155,7 @@ def multichip(topology: str, batch: int) -> dict:
     axis 2), data over the rest: the kernel runs inside `jax.shard_map`."""
     import flax.linen as nn
 
-    from t5x_like.kernels.flash_attention import compile_target
+    from t5x_like.kernels.flash import compile_target
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.train import partitioning as part
 

@@ -6,7 +6,7 @@ candidate pair (forward blocks, backward blocks) and each variant (with / withou
 reads registers, spills, shared memory, blocks per SM and cp.async/TMA counts
 (`t5x_like.aot.gpu.kernel_report`), and picks per (arch, head_dim, kernel) by RULE below. It
 writes every candidate's numbers and the picks to `benchmarks/flash_gpu_blocks.json` + `.md`;
-`t5x_like/kernels/flash_attention.py:GPU_BLOCKS` must equal the picks (a test checks).
+`t5x_like/kernels/flash.py:GPU_BLOCKS` must equal the picks (a test checks).
 
 Each compile runs in its own process (~3-15 s) and is cached as one JSON file per candidate
 under --cache-dir, so an interrupted run resumes where it stopped. Run in the aot venv:
@@ -58,7 +58,7 @@ RULE = (
 
 def _kernel_src_hash() -> str:
     """Hash of the kernel sources: a changed kernel invalidates the cache. (Not
-    flash_attention.py: its block table is what this script writes, and the workers override
+    flash.py: its block table is what this script writes, and the workers override
     it.)"""
     h = hashlib.sha256()
     for rel in ("t5x_like/kernels/_flash_triton.py", "t5x_like/kernels/_flash_common.py",
@@ -70,9 +70,8 @@ def _kernel_src_hash() -> str:
 
 def worker(arch: str, head_dim: int, variant: str, fwd: tuple, bwd: tuple) -> dict:
     """Compile one candidate in this process; returns {kernel: report}."""
-    import importlib
 
-    fa = importlib.import_module("t5x_like.kernels.flash_attention")
+    from t5x_like.kernels import flash as fa
     # This process only: make the table answer the candidate's blocks for this arch.
     fa.GPU_BLOCKS[arch] = {head_dim: {"fwd": fwd, "bwd": bwd}}
     devices = gpu.target_devices(arch)

@@ -364,7 +364,7 @@ def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 
     import jax
     import jax.numpy as jnp
 
-    from t5x_like.kernels.flash_attention import flash_attention
+    from t5x_like.kernels import flash_attention
 
     if variant not in FLASH_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(FLASH_VARIANTS)}")

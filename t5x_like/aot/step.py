@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
-import importlib
 import math
 import re
 import shutil
@@ -256,8 +255,7 @@ def lower_step(run: Run, which: str) -> Any:
 def kernel_target(target: Target) -> Iterator[None]:
     """Select the Pallas flash-attention kernel's target while lowering (its backend and block
     sizes otherwise follow this host's backend)."""
-    # the module, not the function `t5x_like.kernels.flash_attention` it re-exports
-    F = importlib.import_module("t5x_like.kernels.flash_attention")  # noqa: N806
+    from t5x_like.kernels import flash as F  # noqa: N812
 
     if target.platform == "cpu":
         yield

@@ -8,7 +8,7 @@ not overlap (packing, padding). The loop bodies hold no nested loop and no `cond
 so Triton software-pipelines the k/v (q/dO) loads (cp.async, TMA). The kv head of a
 q head is chosen in the BlockSpec index map (`h // group`), so GQA/MQA never repeats k/v.
 
-All array arguments are already padded by `flash_attention.py`: lengths to block multiples,
+All array arguments are already padded by `flash.py`: lengths to block multiples,
 head_dim to a power of two, the bucket table to `[H, num_buckets_pad]`. The table is turned
 into per-offset rows here (`_offset_rows`) so the k loop gathers the T5 bias instead of looping
 over buckets. The backward kernels run with the `bwd_*` blocks of `FlashConfig`.

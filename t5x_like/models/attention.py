@@ -7,10 +7,11 @@ and shared by every layer. `attend(q, k, v, spec, impl=...)` then dispatches:
 
 - `xla`: einsum reference with an fp32 softmax (and attention-probability dropout);
 - `cudnn`: `jax.nn.dot_product_attention` (cuDNN flash attention on GPU, XLA elsewhere);
-- `pallas`: `t5x_like.kernels.flash_attention`, fed the small inputs (segment ids, prefix mask,
-  bias table), never dense masks. Under a multi-device mesh the kernel runs inside
-  `jax.shard_map` (XLA cannot partition a Pallas custom call): batch over the axes the logical
-  rules give `activation_batch`, heads over those of `activation_heads` (`PallasShards`).
+- `pallas`: `t5x_like.kernels.flash_attention` (module `kernels/flash.py`), fed the small
+  inputs (segment ids, prefix mask, bias table), never dense masks. Under a multi-device mesh
+  the kernel runs inside `jax.shard_map` (XLA cannot partition a Pallas custom call): batch
+  over the axes the logical rules give `activation_batch`, heads over those of
+  `activation_heads` (`PallasShards`).
 
 Allowed(q, k) = kv segment != 0 AND same segment (when query segments are given)
 AND (not causal OR k_index <= q_index OR (prefix[q] AND prefix[k])).
@@ -305,7 +306,7 @@ def _attend_pallas(q, k, v, spec, scale):
     mask `[B, L]` by batch. Gradients flow through shard_map (replicated inputs' cotangents
     are summed over the axes they are replicated on).
     """
-    from t5x_like.kernels.flash_attention import flash_attention
+    from t5x_like.kernels import flash_attention
 
     k, v = k.astype(q.dtype), v.astype(q.dtype)
     named = {"q_segment_ids": spec.q_segment_ids, "kv_segment_ids": spec.kv_segment_ids,

@@ -6,7 +6,6 @@ Numerics run the Triton kernels in Pallas interpret mode on CPU against the XLA 
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
 
@@ -16,11 +15,11 @@ import numpy as np
 import pytest
 
 from t5x_like.kernels import _flash_triton
+from t5x_like.kernels import flash as fa
 from t5x_like.kernels._flash_common import FlashConfig
 from t5x_like.kernels._flash_reference import reference_attention
 from t5x_like.kernels.relpos import relative_position_bucket
 
-fa = importlib.import_module("t5x_like.kernels.flash_attention")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
