@@ -44,6 +44,7 @@ import jax
 import numpy as np
 
 from t5x_like import flags, gin_utils
+from t5x_like.data.vocab import DEFAULT_VOCABULARY
 from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.train import checkpoints as C
 from t5x_like.train import partitioning as P
@@ -223,7 +224,7 @@ def model_vocabulary(bindings: Mapping[str, Any], model_dir: str, *,
             f"{model_dir}/config.gin binds no train.vocabulary, and converted params carry no "
             "vocabulary of their own: pass --gin.train.vocabulary=NAME_OR_PATH (c4_32k, "
             "c4like_8k or a SentencePiece .model) or convert again with --vocabulary")
-    name = str(name or "c4_32k")
+    name = str(name or DEFAULT_VOCABULARY)
     return name, check_vocabulary(name, int(bindings["model"].config.vocab_size))
 
 

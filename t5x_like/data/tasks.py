@@ -46,10 +46,10 @@ import tensorflow as tf
 from t5x_like import tf_setup
 from t5x_like.data import converters, tokenize
 from t5x_like.data.objectives import Objective, denoise
+from t5x_like.data.vocab import DEFAULT_VOCABULARY
 
 CORPORA = ("c4like", "c4")
 IN_MEMORY_CORPORA = ("c4like",)  # small enough to keep tokenized in memory
-DEFAULT_VOCABULARY = "c4_32k"
 
 
 def _spans(density: float = 0.15, mean: float = 3.0, **kw) -> Objective:

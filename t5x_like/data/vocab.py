@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import seqio
 
 KNOWN_VOCABULARIES = ("c4_32k", "c4like_8k")
+#: The vocabulary of every task, trainer and tool unless one is named (T5's).
+DEFAULT_VOCABULARY = "c4_32k"
 DEFAULT_EXTRA_IDS = 100
 C4_32K_PIECES = 32_000
 # 60k sampled sentences (~7.5 MB) train in ~20 s on 2 cores; all 160k take ~3x longer.
@@ -203,7 +205,7 @@ def _load(path: str, mtime_ns: int, extra_ids: int) -> seqio.SentencePieceVocabu
     return vocab
 
 
-def get_vocabulary(name: str = "c4_32k", *, extra_ids: int = DEFAULT_EXTRA_IDS,
+def get_vocabulary(name: str = DEFAULT_VOCABULARY, *, extra_ids: int = DEFAULT_EXTRA_IDS,
                    data_dir: str | os.PathLike | None = None) -> seqio.Vocabulary:
     """`seqio.SentencePieceVocabulary` for a known name or a `.model` path, with `extra_ids`
     sentinels on top. Cached per (file, extra_ids). Raises VocabularyError with the fix."""
@@ -249,7 +251,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("--seed", type=flags.non_negative_int, default=0)
     e = sub.add_parser("encode", help="show how a vocabulary splits some text")
     e.add_argument("text")
-    e.add_argument("--vocabulary", default="c4_32k", help="known name or path to a .model")
+    e.add_argument("--vocabulary", default=DEFAULT_VOCABULARY,
+                   help="known name or path to a .model")
     e.add_argument("--data_dir", default=None)
     return p.parse_args(argv)
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like.models.attention import MaskSpec, MultiHeadAttention, make_mask_spec
-from t5x_like.models.config import TransformerConfig
+from t5x_like.models.config import REMAT_POLICIES, TransformerConfig
 from t5x_like.models.layers import (
     BATCH_LENGTH_EMBED,
     Embed,
@@ -34,11 +34,13 @@ from t5x_like.models.layers import (
     make_token_embedder,
 )
 
-REMAT_POLICIES = {
+#: The `jax.checkpoint` policy of each `config.REMAT_POLICIES` name that rematerialises.
+CHECKPOINT_POLICIES = {
     "full": None,
     "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
 }
+assert set(CHECKPOINT_POLICIES) == set(REMAT_POLICIES) - {"none"}
 LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
 
 
@@ -101,7 +103,7 @@ def run_layers(
     cls = parent_cls
     if config.remat_policy != "none":
         cls = nn.remat(
-            cls, policy=REMAT_POLICIES[config.remat_policy], prevent_cse=not config.scan_layers
+            cls, policy=CHECKPOINT_POLICIES[config.remat_policy], prevent_cse=not config.scan_layers
         )
     if not config.scan_layers:
         for i in range(num_layers):

@@ -24,7 +24,7 @@ import gin
 import jax
 import numpy as np
 
-from t5x_like.data.vocab import check_fits
+from t5x_like.data.vocab import DEFAULT_VOCABULARY, check_fits
 from t5x_like.train import checkpoints as C
 from t5x_like.train import metrics as M
 from t5x_like.train import partitioning as P
@@ -247,7 +247,7 @@ def train(
     sequence_length: Mapping[str, int] = gin.REQUIRED,
     num_train_steps: int = gin.REQUIRED,
     batch_size: int = 128,
-    vocabulary: str = "c4_32k",
+    vocabulary: str = DEFAULT_VOCABULARY,
     pack: bool = True,
     seed: int = 0,
     optimizer: Optimizer | None = None,
