@@ -13,7 +13,7 @@ the best and the worst row's mean) are shown beside it. `downstream_word_order` 
 its two classes hold the same words, so the probe must score chance there.
 
     python scripts/bench_bow_probe.py [--tasks downstream_spam,...] \\
-        [--report benchmarks/t5_tables_tiny_v4.json] [--out benchmarks/downstream_bow_probe]
+        [--report benchmarks/t5_tables_tiny.json] [--out benchmarks/downstream_bow_probe]
 Writes <out>.json and <out>.md.
 """
 

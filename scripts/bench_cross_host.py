@@ -3,8 +3,9 @@
 XLA:CPU compiles for the host's instruction set, so the same cell (same commit, gin, seed)
 may round differently on another CPU. A sweep spread over sessions can land on different VMs;
 this measures whether that matters. For each `--cells` id finished in `--archive` (records
-of another host), the cell is rerun here under `--sweep_dir` from its archived `cell.json`
-(resumable: a finished rerun is skipped), then compared:
+of another host; an archive file is unpacked into `<sweep_dir>/archive/` first), the cell is
+rerun here under `--sweep_dir` from its archived `cell.json` (resumable: a finished rerun is
+skipped), then compared:
 - pre-training: every logged train step's loss, bitwise and max |difference|, the first step
   whose loss or gradient norm differs (rounding shows in the gradient before the loss); final
   and eval loss;
@@ -14,8 +15,9 @@ of another host), the cell is rerun here under `--sweep_dir` from its archived `
   (the suite scores of the same row's other seeds in `--archive`, same configuration but the
   seed).
 
-    python scripts/bench_cross_host.py --cells ID[,ID...] [--archive benchmarks/sweep_cells/tiny]
-        [--sweep_dir runs/cross_host] [--parallel 2] [--out benchmarks/cross_host_tiny]
+    python scripts/bench_cross_host.py --cells ID[,ID...]
+        [--archive benchmarks/sweep_cells/tiny.jsonl.gz] [--sweep_dir runs/cross_host]
+        [--parallel 2] [--out benchmarks/cross_host_tiny]
 Writes <out>.json and <out>.md (linking <out>_discussion.md when there is one).
 """
 
@@ -62,9 +64,19 @@ def _same_config_but_seed(x: dict[str, Any], y: dict[str, Any]) -> bool:
     return strip(x) == strip(y)
 
 
+def archive_dir(archive: str, sweep_dir: str) -> str:
+    """The archive as a directory of `cells/<cell_id>/` dirs: an archive file is unpacked into
+    `<sweep_dir>/archive/` (a directory archive, the earlier layout, is used as it is)."""
+    if not runner.is_archive_file(archive):
+        return archive
+    directory = os.path.join(sweep_dir, "archive")
+    runner.unpack(archive, directory)
+    return directory
+
+
 def seed_std(archive: str, cell_id: str) -> tuple[float | None, int]:
-    """Std of the suite score over the archived cells that differ from `cell_id` only in the
-    seed (itself included), and how many there are."""
+    """Std of the suite score over the archived cells (in archive dir `archive`) that differ
+    from `cell_id` only in the seed (itself included), and how many there are."""
     cells = os.path.join(archive, "cells")
     spec = _read_json(os.path.join(cells, cell_id, runner.CELL_SPEC))
     prefix = cell_id.rsplit("__", 2)[0] + "__s"  # <arch>__<objective>__s<seed>__<hash>
@@ -115,7 +127,8 @@ def compare_cells(a: str, b: str) -> dict[str, Any]:
 
 
 def rerun(cell_ids: list[str], archive: str, sweep_dir: str, parallel: int) -> list[str]:
-    """Rerun each archived cell here (from its cell.json); returns the new cell dirs."""
+    """Rerun each cell of archive dir `archive` here (from its cell.json); returns the new
+    cell dirs."""
     paths = []
     for cell_id in cell_ids:
         src = os.path.join(archive, "cells", cell_id)
@@ -193,17 +206,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", required=True, help="comma-separated archived cell ids")
-    p.add_argument("--archive", default="benchmarks/sweep_cells/tiny")
+    p.add_argument("--archive", default="benchmarks/sweep_cells/tiny.jsonl.gz",
+                   help="the sweep's archive file (or a directory of cells/<cell_id>/ dirs)")
     p.add_argument("--sweep_dir", default="runs/cross_host")
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--out", default="benchmarks/cross_host_tiny")
     args = p.parse_args(argv)
     cell_ids = [c for c in args.cells.split(",") if c]
-    paths = rerun(cell_ids, args.archive, args.sweep_dir, args.parallel)
+    archive = archive_dir(args.archive, args.sweep_dir)
+    paths = rerun(cell_ids, archive, args.sweep_dir, args.parallel)
     rows = []
     for cell_id, path in zip(cell_ids, paths, strict=True):
-        std, n = seed_std(args.archive, cell_id)
-        rows.append({**compare_cells(os.path.join(args.archive, "cells", cell_id), path),
+        std, n = seed_std(archive, cell_id)
+        rows.append({**compare_cells(os.path.join(archive, "cells", cell_id), path),
                      "seed_std": std, "seeds": n})
     report = {"host": host.describe(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "cells": rows, "summary": summarize(rows)}

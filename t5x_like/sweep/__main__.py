@@ -2,12 +2,12 @@
 
     python -m t5x_like.sweep --scale=tiny \\
         --sweep=gin/sweeps/t5_table2_architectures.gin,gin/sweeps/t5_table3_objectives.gin \\
-        [--seeds=3] [--parallel=N] [--rows=a,b] [--sweep_dir=DIR] \\
-        [--archive=DIR] [--print_commands | --report_only] [--out=benchmarks/t5_tables_tiny]
+        [--seeds=3] [--parallel=N] [--rows=a,b] [--sweep_dir=DIR] [--archive=FILE.jsonl.gz] \\
+        [--print_commands | --report_only] [--out=benchmarks/t5_tables_tiny]
     python -m t5x_like.sweep --run_cell=DIR     # one cell (what --print_commands prints)
 
 Exit status: 0 all cells done, 1 some cell failed (the others still ran; reports cover the
-finished ones), 2 bad arguments or sweep/scale files.
+finished ones), 2 bad arguments, sweep/scale files or archive.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", default=None, help="comma-separated row names (or table:row)")
     p.add_argument("--sweep_dir", default=None, help="default: runs/sweeps/<scale>")
     p.add_argument("--archive", default=None,
-                   help="dir of finished cells' records: restored first, each new cell added")
+                   help="finished cells' records, one .jsonl.gz file (or a directory, the "
+                        "earlier layout): restored first, each new cell added")
     p.add_argument("--print_commands", action="store_true",
                    help="print one shell command per unfinished cell instead of running")
     p.add_argument("--report_only", action="store_true", help="only regenerate the reports")
@@ -70,7 +71,11 @@ def main(argv: Sequence[str]) -> int:
         return 2
     sweep_dir = os.path.abspath(args.sweep_dir or os.path.join("runs", "sweeps", scale.name))
     if args.archive:
-        restored = runner.restore(cells, args.archive, sweep_dir)
+        try:
+            restored = runner.restore(cells, args.archive, sweep_dir)
+        except (OSError, ValueError) as err:
+            print(f"error: --archive={args.archive}: {err}", file=sys.stderr)
+            return 2
         print(f"[sweep] {restored} finished cells restored from {args.archive}", flush=True)
     if args.print_commands:
         for line in runner.print_commands(cells, scale, sweep_dir):

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import statistics
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -141,19 +140,26 @@ def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
     seeds, and p the chance of an F this large if the rows were alike. `seed_std` is the
     pooled within-row std, sqrt(sum of squared deviations from each row's mean / (n - rows)):
     the sweep's own noise floor per seed, with `seed_df` degrees of freedom. None below 2 such
-    rows."""
-    from scipy.stats import f_oneway
+    rows. The sums are plain Python arithmetic, not NumPy's (whose reductions round by the
+    CPU's vector width), so a report rebuilds to the same bytes on every host."""
+    from scipy.stats import f as f_distribution
 
-    groups = [list(g) for g in groups if len(g) >= 2]
+    groups = [[float(x) for x in g] for g in groups if len(g) >= 2]
     if len(groups) < 2:
         return None
-    with warnings.catch_warnings():  # every row constant across its seeds: F undefined
-        warnings.simplefilter("ignore")
-        result = f_oneway(*groups)
-    f, p = float(result.statistic), float(result.pvalue)
-    df = sum(len(g) for g in groups) - len(groups)
+    n = sum(len(g) for g in groups)
+    df_rows, df = len(groups) - 1, n - len(groups)
+    means = [sum(g) / len(g) for g in groups]
+    grand = sum(x for g in groups for x in g) / n
+    between = sum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means, strict=True))
     within = sum((x - sum(g) / len(g)) ** 2 for g in groups for x in g)
-    return {"f": f if math.isfinite(f) else None, "p": p if math.isfinite(p) else None,
+    if within > 0:
+        f = (between / df_rows) / (within / df)
+        p = float(f_distribution.sf(f, df_rows, df))
+    else:  # every row constant across its seeds: F undefined (infinite if the rows differ)
+        f, p = None, (0.0 if between > 0 else None)
+    return {"f": f if f is not None and math.isfinite(f) else None,
+            "p": p if p is not None and math.isfinite(p) else None,
             "rows": len(groups), "seed_std": math.sqrt(within / df), "seed_df": df}
 
 

@@ -7,9 +7,13 @@ Layout of a cell, `<sweep_dir>/cells/<cell_id>/`:
   eval/          evaluate's out dir (finetune/, results.json, results.md); log in eval.log
   results.json   written last (atomically): the cell is done; a rerun skips it
 A finished cell's records (`RECORDS`: what the report reads, no checkpoints) can be kept in an
-archive dir of the same layout (`--archive`, e.g. committed under benchmarks/): a sweep restores
-the cells it finds there before running and archives each cell it finishes, so a sweep spread
-over sessions on fresh checkouts only ever runs a cell once.
+archive (`--archive`, e.g. committed under benchmarks/): a sweep restores the cells it finds
+there before running and archives each cell it finishes, so a sweep spread over sessions on
+fresh checkouts only ever runs a cell once. An archive is one file, `<name>.jsonl.gz`: gzip'd
+JSON Lines, one line per cell, `{"cell_id": ..., "files": {relative path: text}}`, cells and
+paths sorted and the gzip header's time 0, so the same cells give the same bytes (`read_archive`,
+`write_archive`). Any other `--archive` path is a directory of `cells/<cell_id>/` dirs, the
+layout of earlier archives (still read and written; `pack` turns one into a file).
 Before its first subprocess a cell makes sure the data directory is prepared (the embedded
 corpus, its vocabulary and the downstream suite: `data.prepare`, a no-op when current), so a
 sweep or `--run_cell` works on a fresh machine.
@@ -23,17 +27,19 @@ same fine-tuning and scoring programs).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
+import gzip
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from t5x_like import host, hugepages
@@ -53,7 +59,10 @@ RECORDS = (CELL_SPEC, os.path.join("pretrain", "metrics.jsonl"),
 #: The fields of a test prediction an archive keeps (the report's bootstrap reads the first two;
 #: the input text, ~95% of the bytes, is the test split's, in the same order).
 PREDICTION_FIELDS = ("targets", "output", "score")
+#: An `--archive` path ending in this is one file; any other is a directory (`cells/<id>/`).
+ARCHIVE_SUFFIX = ".jsonl.gz"
 _PRINT_LOCK = threading.Lock()
+_ARCHIVE_LOCK = threading.Lock()
 
 
 class CellFailed(RuntimeError):
@@ -70,39 +79,157 @@ def is_done(path: str) -> bool:
     return os.path.exists(os.path.join(path, RESULTS))
 
 
-def _slim_predictions(source: str, target: str) -> None:
-    """Copy a predictions .jsonl keeping `PREDICTION_FIELDS` of each line."""
-    with open(source, encoding="utf-8") as f, open(target, "w", encoding="utf-8") as out:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                out.write(json.dumps({k: row[k] for k in PREDICTION_FIELDS if k in row}) + "\n")
+def _slim_predictions(source: str) -> str:
+    """A predictions .jsonl's text keeping `PREDICTION_FIELDS` of each line."""
+    with open(source, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return "".join(json.dumps({k: row[k] for k in PREDICTION_FIELDS if k in row}) + "\n"
+                   for row in rows)
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def cell_records(path: str, slim: bool = True) -> dict[str, str]:
+    """A cell dir's `RECORDS` that exist, as {relative path ('/'-separated): text}; with
+    `slim`, predictions keep only `PREDICTION_FIELDS` (an archived cell's already do)."""
+    records = {}
+    for rel in RECORDS:
+        source, key = os.path.join(path, rel), rel.replace(os.sep, "/")
+        if rel == PREDICTIONS and os.path.isdir(source):
+            for name in sorted(os.listdir(source)):
+                file = os.path.join(source, name)
+                records[f"{key}/{name}"] = _slim_predictions(file) if slim else _read_text(file)
+        elif os.path.isfile(source):
+            records[key] = _read_text(source)
+    return records
+
+
+def write_records(records: Mapping[str, str], dst: str) -> None:
+    """Write a cell's records (as `cell_records` returns them) into cell dir `dst`, each file
+    atomically and results.json last: an interrupted write is not a finished cell."""
+    for rel in sorted(records, key=lambda r: r == RESULTS):
+        parts = rel.split("/")
+        if rel.startswith("/") or ".." in parts or "" in parts:
+            raise ValueError(f"archived file {rel!r} is not a relative path inside its cell")
+        target = os.path.join(dst, *parts)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(f"{target}.tmp", "w", encoding="utf-8", newline="") as f:
+            f.write(records[rel])
+        os.replace(f"{target}.tmp", target)
 
 
 def copy_records(src: str, dst: str) -> None:
     """Copy a finished cell's `RECORDS` from cell dir `src` to cell dir `dst`, predictions
     without their input text (results.json last, atomically: an interrupted copy is not a
     finished cell)."""
-    for rel in RECORDS:
-        source, target = os.path.join(src, rel), os.path.join(dst, rel)
-        if rel == PREDICTIONS and os.path.isdir(source):
-            os.makedirs(target, exist_ok=True)
-            for name in sorted(os.listdir(source)):
-                _slim_predictions(os.path.join(source, name), os.path.join(target, name))
-        elif os.path.isfile(source):
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copyfile(source, f"{target}.tmp")
-            os.replace(f"{target}.tmp", target)
+    write_records(cell_records(src), dst)
+
+
+def is_archive_file(archive: str) -> bool:
+    """An `--archive` path names one file (`ARCHIVE_SUFFIX`), not a directory of cell dirs."""
+    return archive.endswith(ARCHIVE_SUFFIX)
+
+
+def read_archive(archive: str) -> dict[str, dict[str, str]]:
+    """cell_id -> {relative path: text} of every finished cell in an archive file or directory
+    (empty when it does not exist yet)."""
+    if not is_archive_file(archive):
+        root = os.path.join(archive, "cells")
+        names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        return {n: cell_records(os.path.join(root, n), slim=False) for n in names
+                if is_done(os.path.join(root, n))}
+    if not os.path.exists(archive):
+        return {}
+    cells = {}
+    with gzip.open(archive, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                cell_id, files = entry["cell_id"], entry["files"]
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{archive}:{number}: not an archived cell ({err})") from err
+            if not isinstance(files, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+                raise ValueError(f"{archive}:{number}: 'files' must map paths to text")
+            if RESULTS in files:  # finished
+                cells[cell_id] = files
+    return cells
+
+
+def write_archive(archive: str, cells: Mapping[str, Mapping[str, str]]) -> None:
+    """Write an archive file (atomically): one JSON line per cell, cells and paths sorted,
+    gzip level 9 with no name or time in its header, so the same cells give the same bytes."""
+    lines = "".join(json.dumps({"cell_id": cell_id, "files": dict(sorted(files.items()))},
+                               sort_keys=True) + "\n"
+                    for cell_id, files in sorted(cells.items()))
+    os.makedirs(os.path.dirname(os.path.abspath(archive)), exist_ok=True)
+    tmp = f"{archive}.tmp{os.getpid()}"
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
+                                               compresslevel=9, mtime=0) as out:
+        out.write(lines.encode("utf-8"))
+    os.replace(tmp, archive)
+
+
+@contextlib.contextmanager
+def _archive_locked(archive: str) -> Iterator[None]:
+    """Hold the archive file's lock: this process's threads, and other processes through an
+    flock on its directory (two sweeps sharing an archive do not lose each other's cells)."""
+    folder = os.path.dirname(os.path.abspath(archive))
+    os.makedirs(folder, exist_ok=True)
+    with _ARCHIVE_LOCK:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def archive_cell(archive: str, path: str) -> None:
+    """Add the finished cell dir `path` to `archive` (replacing an earlier copy of it)."""
+    if not is_archive_file(archive):
+        copy_records(path, os.path.join(archive, "cells", os.path.basename(os.path.normpath(path))))
+        return
+    records = cell_records(path)
+    with _archive_locked(archive):
+        cells = read_archive(archive)
+        cells[os.path.basename(os.path.normpath(path))] = records
+        write_archive(archive, cells)
+
+
+def pack(directory: str, archive: str) -> int:
+    """Write the finished cells of an archive directory (the earlier layout) into the archive
+    file `archive`, adding them to the cells already there; returns how many it holds."""
+    with _archive_locked(archive):
+        cells = {**read_archive(archive), **read_archive(directory)}
+        write_archive(archive, cells)
+    return len(cells)
+
+
+def unpack(archive: str, directory: str, cell_ids: Sequence[str] | None = None) -> list[str]:
+    """Write the archived cells (`cell_ids`, default all) as cell dirs
+    `<directory>/cells/<cell_id>/`, the layout a sweep dir has; returns their ids."""
+    cells = read_archive(archive)
+    chosen = sorted(cells) if cell_ids is None else [c for c in cell_ids if c in cells]
+    for cell_id in chosen:
+        write_records(cells[cell_id], os.path.join(directory, "cells", cell_id))
+    return chosen
 
 
 def restore(cells: Sequence[Cell], archive: str, sweep_dir: str) -> int:
-    """Copy into `sweep_dir` every cell finished in `archive` and not in `sweep_dir`; returns
-    how many."""
+    """Copy into `sweep_dir` every cell finished in `archive` and not in `sweep_dir`, its
+    files exactly as archived; returns how many."""
+    archived = read_archive(archive)
     restored = 0
     for cell in cells:
-        src, dst = cell_dir(archive, cell), cell_dir(sweep_dir, cell)
-        if is_done(src) and not is_done(dst):
-            copy_records(src, dst)
+        dst = cell_dir(sweep_dir, cell)
+        if cell.cell_id in archived and not is_done(dst):
+            write_records(archived[cell.cell_id], dst)
             restored += 1
     return restored
 
@@ -368,7 +495,7 @@ def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
         try:
             run_cell_dir(path, _locked_print)
             if archive:
-                copy_records(path, os.path.join(archive, "cells", os.path.basename(path)))
+                archive_cell(archive, path)
         except (CellFailed, OSError, ValueError, KeyError) as err:
             _locked_print(f"[sweep] FAILED {err}")
             failures.append(str(err))

@@ -41,7 +41,8 @@ def _sweep(sweep_dir: Path, scale: Path, rows: str, *, seeds: int = 1, parallel:
 def swept(tmp_path_factory) -> tuple[Path, Path, str]:
     """(scale file, sweep dir, sweep log): the micro scale with 20 steps and a checkpoint every
     10 (so a run can be killed between checkpoints); both rows x 2 seeds, two cells at a time on
-    the two cores, from a cold compilation cache, each finished cell archived in `archive/`."""
+    the two cores, from a cold compilation cache, each finished cell archived in the one file
+    `archive.jsonl.gz`."""
     root = tmp_path_factory.mktemp("cells")
     scale = root / "micro_ckpt.gin"
     scale.write_text(f"include '{MICRO}'\n"
@@ -49,7 +50,7 @@ def swept(tmp_path_factory) -> tuple[Path, Path, str]:
                      "train.keep_checkpoints = 2\ntrain.log_every = 5\n"
                      "sweep_scale.name = 'micro_ckpt'\n")
     log = _sweep(root / "sweep", scale, ",".join(ROWS), seeds=2, parallel=2,
-                 out=root / "bench" / "t5_tables_micro", archive=root / "archive")
+                 out=root / "bench" / "t5_tables_micro", archive=root / "archive.jsonl.gz")
     return scale, root / "sweep", log
 
 
@@ -84,19 +85,23 @@ def test_sweep_end_to_end_and_a_rerun_from_its_archive_skips_finished_cells(swep
     table = json.loads((sweep_dir / "t5_tables_micro_ckpt.json").read_text())["tables"]["table2"]
     done = [r for r in table["rows"] if r["num_seeds"]]
     assert [(r["row"], r["num_seeds"]) for r in done] == [(row, 2) for row in ROWS]
-    archive = sweep_dir.parent / "archive" / "cells"
-    assert sorted(os.listdir(archive)) == cells
-    assert {p.name for p in (archive / cells[0]).iterdir()} == {"cell.json", "results.json",
-                                                                "pretrain", "eval"}
-    assert not list(archive.glob("*/pretrain/checkpoints"))  # records only
-    kept = (archive / cells[0] / runner.PREDICTIONS / "downstream_spam.jsonl").read_text()
+    archive = sweep_dir.parent / "archive.jsonl.gz"
+    assert [p.name for p in sweep_dir.parent.glob("archive*")] == [archive.name]  # one file
+    archived = runner.read_archive(str(archive))
+    assert sorted(archived) == cells
+    assert set(archived[cells[0]]) == {  # records only: no checkpoints, no logs
+        "cell.json", "results.json", "pretrain/metrics.jsonl", "eval/results.json",
+        "eval/predictions/downstream_spam.jsonl"}
+    kept = archived[cells[0]]["eval/predictions/downstream_spam.jsonl"]
     full = (sweep_dir / "cells" / cells[0] / runner.PREDICTIONS / "downstream_spam.jsonl")
     assert [json.loads(x) for x in kept.splitlines()] == [
         {k: v for k, v in json.loads(x).items() if k != "inputs"}
         for x in full.read_text().splitlines()]  # the test examples' text is not kept
+    assert archived[cells[0]]["results.json"] == (
+        sweep_dir / "cells" / cells[0] / "results.json").read_text()
     # A fresh checkout's sweep restores the archived cells: nothing runs, the report is the same.
     fresh = sweep_dir.parent / "fresh"
-    log = _sweep(fresh, swept[0], ",".join(ROWS), seeds=2, archive=archive.parent)
+    log = _sweep(fresh, swept[0], ",".join(ROWS), seeds=2, archive=archive)
     assert "4 finished cells restored" in log and log.count("done, skipped") == 4
     assert ": pre-training" not in log
     again = json.loads((fresh / "t5_tables_micro_ckpt.json").read_text())["tables"]["table2"]
