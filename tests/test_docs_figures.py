@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -25,12 +26,14 @@ def _gigabytes(path: Path) -> float:
 
 
 def test_list_tasks_count_and_breakdown() -> None:
-    from t5x_like.data import list_tasks
-
+    """In a fresh process: other tests register tasks of their own in this one."""
     found = _figure("docs/data.md", r"`t5x_like\.data\.list_tasks\(\)` \((\d+) names: (\d+) "
                     r"objectives/denoisers ×\s+2 corpora, (\d+) mixtures, and the (\d+) tasks")
     total, objectives, mixtures, downstream = map(int, found.groups())
-    names = list_tasks()
+    code = "import json; from t5x_like.data import list_tasks; print(json.dumps(list_tasks()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, check=True, timeout=300)
+    names = json.loads(done.stdout.strip().splitlines()[-1])
     assert total == len(names)
     assert mixtures == sum(n.endswith("_mixture") for n in names)
     assert downstream == sum(n.startswith("downstream_") and not n.endswith("_mixture")
