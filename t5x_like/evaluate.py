@@ -336,12 +336,7 @@ def main(argv: Sequence[str]) -> int:
     """CLI entry point; 2 = bad flag / checkpoint / vocabulary / task / gin config, or an out
     dir another run holds; 3 = a non-finite fine-tuning loss; 5 = a write failed; 0 after
     SIGTERM / Ctrl-C saved a fine-tune (as `train`)."""
-    parser = build_parser()
-    try:
-        rest, gin_flags = gin_utils.split_gin_flags(argv)
-    except gin_utils.ConfigError as err:
-        parser.error(str(err))
-    args = parser.parse_args(rest)
+    args, gin_flags = gin_utils.parse_flags(build_parser(), argv)
     from t5x_like.train.checkpoints import CheckpointSaveError
     from t5x_like.train.model_dir_lock import ModelDirBusyError
     from t5x_like.train.trainer import NonFiniteLossError

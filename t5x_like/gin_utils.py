@@ -9,6 +9,7 @@ parameter's annotation (``t5x_like.train.gin_types``). Used by ``train``, ``infe
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import inspect
@@ -41,6 +42,17 @@ def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
                 raise ConfigError(f"flag {a} has no value (use --gin.KEY=VALUE)")
             bindings.append(f"{a[len('--gin.'):]}={value}")
     return rest, bindings
+
+
+def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
+                ) -> tuple[argparse.Namespace, list[str]]:
+    """``parser``'s flags and the ``--gin.KEY=VALUE`` bindings of ``argv``; a shorthand without
+    a value exits 2 through ``parser.error``, like any bad flag."""
+    try:
+        rest, gin_flags = split_gin_flags(argv)
+    except ConfigError as err:
+        parser.error(str(err))
+    return parser.parse_args(rest), gin_flags
 
 
 def register_configurables() -> None:

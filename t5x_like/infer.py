@@ -615,11 +615,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """(flags, `--gin.K=V` bindings); a bad flag value, or a decoding flag that `--method` does
     not use, exits with status 2 before anything is loaded."""
     parser = build_parser()
-    try:
-        rest, gin_flags = gin_utils.split_gin_flags(argv)
-    except gin_utils.ConfigError as err:
-        parser.error(str(err))
-    args = parser.parse_args(rest)
+    args, gin_flags = gin_utils.parse_flags(parser, argv)
     used = METHOD_FLAGS[args.method]
     unused = [f"--{k}" for k in ("temperature", "top_k", "top_p", "alpha", "num_beams")
               if getattr(args, k) is not None and k not in used]
