@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # t5x_like, for `replan` (the compiles run in subprocesses)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # `replan` only traces shapes
 GIB = 2**30
 PRETRAIN = "gin/runs/pretrain.gin"
@@ -130,8 +129,7 @@ def replan(report: dict[str, Any]) -> dict[str, Any]:
     (cheap: no compile), so planner changes are re-scored against the cached compiles."""
     import gin
 
-    from t5x_like import gin_utils
-    from t5x_like import plan as PL
+    from t5x_like import gin_utils, plan
     from t5x_like.models import TransformerConfig
 
     c = report["config"]
@@ -139,11 +137,11 @@ def replan(report: dict[str, Any]) -> dict[str, Any]:
     gin_utils.parse_gin(c["gin_files"], c["bindings"])
     cfg = TransformerConfig()
     out = {}
-    for compiler in PL.COMPILERS:
-        r = PL.plan(cfg, batch_size=c["batch_size"], sequence_length=c["sequence_length"],
-                    mesh_shape=tuple(c["mesh"].values()), preset=c["preset"],
-                    optimizer=c["optimizer"], num_microbatches=c["num_microbatches"],
-                    compiler=compiler)
+    for compiler in plan.COMPILERS:
+        r = plan.plan(cfg, batch_size=c["batch_size"], sequence_length=c["sequence_length"],
+                      mesh_shape=tuple(c["mesh"].values()), preset=c["preset"],
+                      optimizer=c["optimizer"], num_microbatches=c["num_microbatches"],
+                      compiler=compiler)
         b = r["bytes_per_device"]
         out[compiler] = {"temp": b["temp"][r["remat"]], "total": b["total"][r["remat"]]}
     gin.clear_config()

@@ -26,7 +26,6 @@ import datetime
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -34,8 +33,6 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from t5x_like.kernels import flash_attention  # noqa: E402
 from t5x_like.kernels._flash_reference import reference_attention, reference_rel_bias  # noqa: E402

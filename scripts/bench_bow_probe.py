@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from t5x_like import host  # noqa: E402
 from t5x_like.data import downstream, vocab  # noqa: E402
+from t5x_like.runtime import host  # noqa: E402
 from t5x_like.sweep import stats  # noqa: E402
 
 TASKS = ("downstream_spam", "downstream_brown_genre", "downstream_sotu_party",

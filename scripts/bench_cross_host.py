@@ -29,15 +29,10 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from t5x_like import host  # noqa: E402
+from t5x_like.runtime import host  # noqa: E402
 from t5x_like.sweep import runner  # noqa: E402
 
 

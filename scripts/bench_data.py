@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # name: (our task, T5 preprocessor chain built by `reference_preprocessors`, or None)
 OBJECTIVES = {
@@ -65,18 +64,22 @@ WARMUP = 200
 # ----------------------------------------------------------------------------- worker side
 def reference_preprocessors(kind: str) -> list:
     """T5's own preprocessor chain for `kind` (T5's functions, as its tasks compose them)."""
-    import t5.data.preprocessors as tp
+    from t5.data import preprocessors
 
     if kind in ("span_corruption", "iid_denoising", "prefix_lm"):
-        return [getattr(tp, kind)]
-    inputs_fn, density = {"bert_style": (tp.noise_token_to_random_token_or_sentinel, 0.15),
-                          "deshuffling": (tp.permute_noise_tokens, 1.0)}[kind]
+        return [getattr(preprocessors, kind)]
+    inputs_fn, density = {
+        "bert_style": (preprocessors.noise_token_to_random_token_or_sentinel, 0.15),
+        "deshuffling": (preprocessors.permute_noise_tokens, 1.0)}[kind]
     return [  # the chain of T5's `iid_denoising`, with BERT's / deshuffling's transforms
-        functools.partial(tp.select_random_chunk, feature_key="targets", max_length=65536),
-        functools.partial(tp.reduce_concat_tokens, feature_key="targets", batch_size=128),
-        tp.split_tokens_to_inputs_length,
-        functools.partial(tp.denoise, noise_density=density, noise_mask_fn=tp.iid_noise_mask,
-                          inputs_fn=inputs_fn, targets_fn=None),
+        functools.partial(preprocessors.select_random_chunk, feature_key="targets",
+                          max_length=65536),
+        functools.partial(preprocessors.reduce_concat_tokens, feature_key="targets",
+                          batch_size=128),
+        preprocessors.split_tokens_to_inputs_length,
+        functools.partial(preprocessors.denoise, noise_density=density,
+                          noise_mask_fn=preprocessors.iid_noise_mask, inputs_fn=inputs_fn,
+                          targets_fn=None),
     ]
 
 
@@ -153,8 +156,7 @@ def stage_dataset(stage: str, documents: int, lengths: dict):
     import seqio
 
     from t5x_like import data
-    from t5x_like.data import converters, objectives, tasks
-    from t5x_like.data import tokenize as tok
+    from t5x_like.data import converters, objectives, tasks, tokenize
 
     task = data.get_task("c4like_span_corruption", "c4_32k")
     features = task.output_features
@@ -163,7 +165,7 @@ def stage_dataset(stage: str, documents: int, lengths: dict):
     if stage == "read":
         return ds
     engine = "tensorflow_text" if stage == "tokenize_tf_op" else "sentencepiece"
-    ds = tok.tokenize(ds, features, engine=engine)
+    ds = tokenize.tokenize(ds, features, engine=engine)
     if stage.startswith("tokenize"):
         return ds
     objective = tasks.task_objective("c4like_span_corruption")

@@ -36,11 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from t5x_like import host  # noqa: E402
 from t5x_like.data import downstream  # noqa: E402
+from t5x_like.runtime import host  # noqa: E402
 from t5x_like.sweep import report, runner, stats  # noqa: E402
 
 TOTAL_STEPS = re.compile(r"^\s*([\w.]+)\.total_steps\s*=")

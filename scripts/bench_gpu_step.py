@@ -242,7 +242,7 @@ def jax_worker(specs: list[dict[str, Any]], out_dir: Path, threads: int) -> None
     """Serve `status` / `time` / `profile` / `peak` commands (JSON lines on stdin)."""
     import jax
 
-    from t5x_like.train import metrics as M
+    from t5x_like.train import metrics
 
     dtype = "float32" if jax.devices()[0].platform == "cpu" else "bfloat16"
     initial: dict[str, Any] = {}
@@ -267,7 +267,7 @@ def jax_worker(specs: list[dict[str, Any]], out_dir: Path, threads: int) -> None
                 step_s, loss = v.run(cmd["steps"])
                 dev = jax.devices()[0]
                 _send({"event": "result", "step_s": step_s, "loss": loss,
-                       "mfu": M.mfu(v.flops_per_step / step_s, 1, dev.device_kind),
+                       "mfu": metrics.mfu(v.flops_per_step / step_s, 1, dev.device_kind),
                        "tflops": v.flops_per_step / step_s / 1e12})
             elif cmd["cmd"] == "profile":
                 _send({"event": "result", **_profile(v, cmd.get("steps", 3), out_dir)})

@@ -33,9 +33,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from t5x_like import host  # noqa: E402
+from t5x_like.runtime import host  # noqa: E402
 from t5x_like.sweep import grid, report, runner, stats  # noqa: E402
 
 SWEEPS = {"table2": "gin/sweeps/t5_table2_architectures.gin",

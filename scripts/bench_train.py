@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from t5x_like import host  # noqa: E402
+from t5x_like.runtime import host  # noqa: E402
 
 #: name -> gin file, feature lengths, per-device batch on CPU, whether PyTorch has a twin.
 MODELS: dict[str, dict[str, Any]] = {
@@ -101,21 +100,19 @@ def _our_step(name: str, batch: int, dtype: str, attention: str = "xla") -> tupl
     import jax
 
     from t5x_like.models import make_model
-    from t5x_like.train import partitioning as P
-    from t5x_like.train import train_state as TS
-    from t5x_like.train import train_step as S
+    from t5x_like.train import partitioning, train_state, train_step
     from t5x_like.train.optimizers import create_optimizer
 
     cfg = model_config(name, dtype, attention)
     model = make_model(cfg)
     n_dev = jax.device_count()
-    mesh = P.create_mesh((-1, 1, 1))
-    rules = P.logical_axis_rules("fsdp")
+    mesh = partitioning.create_mesh((-1, 1, 1))
+    rules = partitioning.logical_axis_rules("fsdp")
     opt = create_optimizer("adafactor")
     example = model.example_batch(n_dev, MODELS[name]["lengths"], packed=True)
-    plan = TS.sharded_state(model, opt, example, mesh, rules)
-    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
-    step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
+    plan = train_state.sharded_state(model, opt, example, mesh, rules)
+    state = train_state.create_state(plan, jax.random.key(0), mesh, rules)
+    step = train_step.jit_train_step(train_step.make_train_step(model, opt), plan, mesh, rules)
     return model, cfg, step, state
 
 
@@ -125,7 +122,7 @@ def worker_ours(name: str, batch: int, steps: int, dtype: str,
     import jax
     import numpy as np
 
-    from t5x_like.train import metrics as M
+    from t5x_like.train import metrics
 
     model, cfg, step, state = _our_step(name, batch, dtype, attention)
     seq = MODELS[name]["lengths"]
@@ -150,7 +147,7 @@ def worker_ours(name: str, batch: int, steps: int, dtype: str,
             "device_kind": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
             "batch": global_batch, "compile_s": compile_s, "step_s": dt, "steps_s": times,
             "flops_per_step": flops, "tokens_per_step": global_batch * sum(seq.values()),
-            "mfu": M.mfu(flops / dt, jax.device_count(), jax.devices()[0].device_kind),
+            "mfu": metrics.mfu(flops / dt, jax.device_count(), jax.devices()[0].device_kind),
             "loss": float(m["loss"])}
 
 
@@ -324,9 +321,9 @@ def worker_profile(name: str, batch: int, dtype: str, steps: int = 3) -> dict[st
 
 def run_worker(args: list[str], cache_dir: str | None = None) -> dict[str, Any]:
     """Run this script as a worker in a fresh process; its last stdout line is JSON. Our side
-    runs as the trainer does, with huge pages for XLA:CPU's buffers (`t5x_like.hugepages`) and
-    JAX's compilation cache in `cache_dir` if given; PyTorch as its users run it (the setting
-    makes no difference to its step)."""
+    runs as the trainer does, with huge pages for XLA:CPU's buffers
+    (`t5x_like.runtime.hugepages`) and JAX's compilation cache in `cache_dir` if given; PyTorch
+    as its users run it (the setting makes no difference to its step)."""
     from t5x_like.sweep.runner import child_env  # the real CPU (no fake devices), huge pages
 
     env = dict(os.environ) if "torch" in args else child_env(cache_dir)

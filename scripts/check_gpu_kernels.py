@@ -12,12 +12,8 @@ memory, or has no cp.async / TMA loads (its k loop is not software-pipelined).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 VARIANTS = ("causal_rel", "rel", "causal", "packed_prefix_rel")
 
@@ -33,7 +29,7 @@ def main() -> int:
     from t5x_like.aot import gpu
 
     gpu.require_gpu_compiler()
-    from t5x_like.kernels import flash as fa
+    from t5x_like.kernels import flash
     rows, failures = [], []
     t0 = time.time()
     for arch in args.archs.split(","):
@@ -44,7 +40,7 @@ def main() -> int:
                 fn, fargs = gpu.flash_grad_fn(variant, d, devices, seq_len=args.seq_len)
                 where = f"{arch} d={d} {variant}"
                 try:
-                    with fa.compile_target("gpu", arch):
+                    with flash.compile_target("gpu", arch):
                         report = gpu.kernel_report(fn, *fargs, target=arch,
                                                    kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
                 except Exception as e:  # noqa: BLE001 - any compile error fails the check

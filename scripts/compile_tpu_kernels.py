@@ -28,12 +28,10 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from t5x_like.aot.tpu import GENERATIONS, target_devices  # noqa: E402
 from t5x_like.kernels import _flash_tpu  # noqa: E402
@@ -53,7 +51,7 @@ SINGLE_CHIP = {"v4": "v4:2x2x1", "v5e": "v5e:1x1", "v5p": "v5p:2x2x1", "v6e": "v
 
 
 def _inputs(mesh, batch: int, length: int, heads: int, head_dim: int, buckets: int):
-    sharding = NamedSharding(mesh, P())
+    sharding = NamedSharding(mesh, PartitionSpec())
     sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
     qkv = sds((batch, length, heads, head_dim), jnp.bfloat16)
     return (qkv, qkv, qkv, sds((buckets, heads), jnp.float32), sds((batch, length), jnp.int32),
@@ -157,7 +155,7 @@ def multichip(topology: str, batch: int) -> dict:
 
     from t5x_like.kernels.flash import compile_target
     from t5x_like.models import TransformerConfig, make_model
-    from t5x_like.train import partitioning as part
+    from t5x_like.train import partitioning
 
     cfg = TransformerConfig(
         vocab_size=32128, emb_dim=512, num_heads=8, head_dim=64, mlp_dim=1024,
@@ -168,13 +166,14 @@ def multichip(topology: str, batch: int) -> dict:
     dummy = model.example_batch(batch, lengths, packed=True)
     devices, plat, arch, custom_call = _slice_devices(topology)
     model_axis = 2 if len(devices) % 2 == 0 else 1
-    mesh = part.create_mesh((len(devices) // model_axis, 1, model_axis), devices=devices)
-    rules = part.logical_axis_rules("tensor_parallel")
+    mesh = partitioning.create_mesh((len(devices) // model_axis, 1, model_axis), devices=devices)
+    rules = partitioning.logical_axis_rules("tensor_parallel")
     abstract = jax.eval_shape(lambda: nn.unbox(model.init_variables(jax.random.key(0), dummy)))
-    batch_sharding = part.batch_sharding(mesh, rules)
-    with part.partitioning_context(mesh, rules):
+    batch_sharding = partitioning.batch_sharding(mesh, rules)
+    with partitioning.partitioning_context(mesh, rules):
         params = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                           sharding=NamedSharding(mesh, PartitionSpec())),
             abstract["params"])
     feats = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)
              for k, v in dummy.items()}
@@ -185,7 +184,7 @@ def multichip(topology: str, batch: int) -> dict:
     start = time.time()
     try:
         with compile_target(plat, arch), \
-                part.partitioning_context(mesh, rules):
+                partitioning.partitioning_context(mesh, rules):
             lowered = step.lower(params, feats)
         text = lowered.as_text()
         row["kernel_calls"] = text.count(f"stablehlo.custom_call @{custom_call}")

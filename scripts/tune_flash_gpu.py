@@ -27,7 +27,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from t5x_like.aot import gpu  # noqa: E402
 
@@ -71,12 +70,12 @@ def _kernel_src_hash() -> str:
 def worker(arch: str, head_dim: int, variant: str, fwd: tuple, bwd: tuple) -> dict:
     """Compile one candidate in this process; returns {kernel: report}."""
 
-    from t5x_like.kernels import flash as fa
+    from t5x_like.kernels import flash
     # This process only: make the table answer the candidate's blocks for this arch.
-    fa.GPU_BLOCKS[arch] = {head_dim: {"fwd": fwd, "bwd": bwd}}
+    flash.GPU_BLOCKS[arch] = {head_dim: {"fwd": fwd, "bwd": bwd}}
     devices = gpu.target_devices(arch)
     fn, args = gpu.flash_grad_fn(variant, head_dim, devices)
-    with fa.compile_target("gpu", arch):
+    with flash.compile_target("gpu", arch):
         return gpu.kernel_report(fn, *args, target=arch,
                                  kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
 

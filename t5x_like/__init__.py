@@ -6,6 +6,6 @@ See DESIGN.md for the contracts between them.
 
 __version__ = "0.1.0"
 
-from t5x_like import tf_setup as _tf_setup
+from t5x_like.runtime import tf_setup as _tf_setup
 
 _tf_setup.install()  # TensorFlow (tf.data only): no GPUs, no start-up noise; see tf_setup.py

@@ -31,7 +31,7 @@ Defaults are sized for a 2-core CPU (finetune.gin's paper settings are 2^18 step
 
 from __future__ import annotations
 
-from t5x_like import hugepages
+from t5x_like.runtime import hugepages
 
 if __name__ == "__main__":  # before the heavy imports below (2.5 s), which would run twice
     hugepages.reexec_with_hugepages()  # huge pages for XLA:CPU's buffers (fine-tuning)

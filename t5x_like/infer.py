@@ -8,7 +8,8 @@ Library (DESIGN.md "Inference and evaluation"):
     score(predictor, ['question'], ['answer']) -> [log-likelihood]
     rank(predictor, ['an email ...'], ['ham', 'spam']) -> [N, 2] log-likelihoods
 
-Prompts are built exactly as the feature converters build training examples:
+Prompts are built exactly as the feature converters build training examples (the model lays
+them out: `model.prompt_batch`, `rank_batch`, `score_batch`):
 - encoder-decoder: encoder input = input tokens + EOS (truncated to the training input length
   `train.sequence_length['inputs']`, EOS kept); the decoder starts from BOS (0), or from
   BOS + a forced decoder prompt (`decoder_prompts`: text whose tokens are prefilled; the outputs
@@ -46,8 +47,8 @@ import numpy as np
 from t5x_like import flags, gin_utils
 from t5x_like.data.vocab import DEFAULT_VOCABULARY
 from t5x_like.models.config import EOS_ID, PAD_ID
-from t5x_like.train import checkpoints as C
-from t5x_like.train import partitioning as P
+from t5x_like.models.model import pad_ids
+from t5x_like.train import checkpoints, partitioning
 
 log = logging.getLogger("t5x_like.infer")  # not `__main__` under `python -m t5x_like.infer`
 
@@ -66,13 +67,13 @@ class Predictor:
     vocabulary_name: str
     sequence_length: dict[str, int]  # the training task lengths (train.sequence_length)
     mesh: jax.sharding.Mesh
-    rules: P.LogicalRules
+    rules: partitioning.LogicalRules
     model_dir: str
     step: int | None                # None: converted params (`t5x_like.convert --to ours`)
 
     @property
     def family(self) -> str:
-        """'encoder_decoder', 'decoder_only' or 'prefix_lm'."""
+        """The model family, one of `t5x_like.families.NAMES`."""
         return self.model.family
 
     @property
@@ -87,18 +88,20 @@ class Predictor:
 
     @property
     def has_inputs(self) -> bool:
+        """Whether the model was trained on a task with inputs."""
         return "inputs" in self.sequence_length
 
 
 _MODELS: dict[Any, Any] = {}  # TransformerConfig -> BaseModel
-#: Truncation lengths when a config binds no `train.sequence_length` (converted checkpoints).
+#: Truncation lengths when a config binds no `train.sequence_length` (converted checkpoints):
+#: T5's pre-training lengths (`gin/objectives/span_corruption.gin`).
 DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 
 
 # Loading ---------------------------------------------------------------------------------------
 def checkpoint_steps(model_dir: str) -> list[int]:
     """Steps of the complete checkpoints in `model_dir/checkpoints` (sorted)."""
-    root = os.path.join(model_dir, C.CHECKPOINT_SUBDIR)
+    root = os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR)
     if not os.path.isdir(root):
         return []
     return sorted(int(n) for n in os.listdir(root)
@@ -113,7 +116,7 @@ def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[str, i
         raise InferenceError(f"checkpoint directory not found: {checkpoint}")
     name, parent = os.path.basename(path), os.path.dirname(path)
     model_dir = path
-    if name.isdigit() and os.path.basename(parent) == C.CHECKPOINT_SUBDIR:
+    if name.isdigit() and os.path.basename(parent) == checkpoints.CHECKPOINT_SUBDIR:
         model_dir = os.path.dirname(parent)
         if step is not None and step != int(name):
             raise InferenceError(f"{checkpoint} is step {name} but step={step} was requested")
@@ -122,14 +125,14 @@ def resolve_checkpoint(checkpoint: str, step: int | None = None) -> tuple[str, i
         raise InferenceError(f"{model_dir} has no config.gin: not a t5x_like model dir "
                              "(expected the output dir of `python -m t5x_like.train`)")
     steps = checkpoint_steps(model_dir)
-    if not steps and os.path.isdir(os.path.join(model_dir, C.CONVERTED_PARAMS_SUBDIR)):
+    if not steps and os.path.isdir(os.path.join(model_dir, checkpoints.CONVERTED_PARAMS_SUBDIR)):
         if step is not None:
             raise InferenceError(f"{model_dir} holds converted params (no training steps): "
                                  "drop --step")
         return model_dir, None
     if not steps:
         raise InferenceError(f"{model_dir} has no complete checkpoint under "
-                             f"{C.CHECKPOINT_SUBDIR}/")
+                             f"{checkpoints.CHECKPOINT_SUBDIR}/")
     if step is None:
         step = steps[-1]
     elif step not in steps:
@@ -171,21 +174,13 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     lengths = bindings.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)  # unbound: converted
     sequence_length = {k: int(v) for k, v in dict(lengths).items()}
     vocab_name, vocabulary = model_vocabulary(bindings, model_dir, converted=step is None)
-    mesh = P.create_mesh(mesh_shape) if mesh_shape is not None else P.create_mesh()
-    rules = P.logical_axis_rules(partitioning) if partitioning else P.logical_axis_rules()
-    shards = P.batch_shard_count(mesh, rules)
-    init_batch = model.example_batch(shards, sequence_length)
-    with P.partitioning_context(mesh, rules):
-        boxed = jax.eval_shape(lambda r: model.init_variables(r, init_batch)["params"],
-                               jax.random.key(0))
-    _, shardings = P.param_shardings(boxed, mesh, rules)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            nn.unbox(boxed), shardings)
+    mesh, rules = _mesh_and_rules(mesh_shape, partitioning)
+    abstract = _abstract_params(model, sequence_length, mesh, rules)
     try:
-        where = (os.path.join(model_dir, C.CONVERTED_PARAMS_SUBDIR) if step is None
-                 else os.path.join(model_dir, C.CHECKPOINT_SUBDIR, str(step)))
-        params = C.load_params(where, abstract)
-    except C.CheckpointUnreadableError as err:
+        where = (os.path.join(model_dir, checkpoints.CONVERTED_PARAMS_SUBDIR) if step is None
+                 else os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR, str(step)))
+        params = checkpoints.load_params(where, abstract)
+    except checkpoints.CheckpointUnreadableError as err:
         others = [s for s in checkpoint_steps(model_dir) if s != step]
         hint = (f"other checkpoints: steps {others} (pass --step=N)" if others
                 else "no other checkpoint in this model dir")
@@ -193,6 +188,29 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     return Predictor(model=model, params=params, vocabulary=vocabulary,
                      vocabulary_name=vocab_name, sequence_length=sequence_length, mesh=mesh,
                      rules=rules, model_dir=model_dir, step=step)
+
+
+def _mesh_and_rules(mesh_shape: Sequence[int] | None, preset: str | None
+                    ) -> tuple[jax.sharding.Mesh, partitioning.LogicalRules]:
+    """The mesh and logical-axis rules to restore onto (default: the gin-bound training ones)."""
+    mesh = (partitioning.create_mesh(mesh_shape) if mesh_shape is not None
+            else partitioning.create_mesh())
+    rules = (partitioning.logical_axis_rules(preset) if preset
+             else partitioning.logical_axis_rules())
+    return mesh, rules
+
+
+def _abstract_params(model: Any, sequence_length: Mapping[str, int], mesh: jax.sharding.Mesh,
+                     rules: partitioning.LogicalRules) -> Any:
+    """`jax.ShapeDtypeStruct`s of the model's params, each with its training sharding."""
+    shards = partitioning.batch_shard_count(mesh, rules)
+    init_batch = model.example_batch(shards, sequence_length)
+    with partitioning.partitioning_context(mesh, rules):
+        boxed = jax.eval_shape(lambda r: model.init_variables(r, init_batch)["params"],
+                               jax.random.key(0))
+    _, shardings = partitioning.param_shardings(boxed, mesh, rules)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        nn.unbox(boxed), shardings)
 
 
 def check_vocabulary(name: str, embedding_rows: int, *,
@@ -277,36 +295,20 @@ def one_truncation_warning(predictor: Predictor) -> Iterator[None]:
         _log_truncated(predictor, deferred)
 
 
-def _pad(rows: list[list[int]], width: int | None = None) -> np.ndarray:
-    width = max(1, max(len(r) for r in rows)) if width is None else width
-    out = np.zeros((len(rows), width), np.int32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+def _input_ids(predictor: Predictor, texts: Sequence[str]) -> list[list[int]]:
+    """Each text's input ids as the model's prompts take them: cut to the training input length,
+    with EOS when `model.input_eos`."""
+    eos = predictor.model.input_eos(predictor.has_inputs)
+    return [_tokens(predictor, t, predictor.input_length, eos, "input") for t in texts]
 
 
 def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
                   prompts: Sequence[str] | None) -> dict[str, np.ndarray]:
     """The `model.decode` batch for a list of texts (see the module docstring)."""
-    li = predictor.input_length
     encode = predictor.vocabulary.encode
     forced = [[int(i) for i in encode(p)] for p in prompts] if prompts is not None else None
-    if predictor.model.has_encoder:
-        batch = {"encoder_input_tokens": _pad(
-            [_tokens(predictor, t, li, True, "input") for t in inputs], li)}
-        if forced is not None:
-            rows = [[0, *f] for f in forced]
-            batch["decoder_input_tokens"] = _pad(rows)
-            batch["prompt_lengths"] = np.asarray([len(r) for r in rows], np.int32)
-        return batch
-    heads = [[0, *_tokens(predictor, t, li, predictor.has_inputs, "input")] for t in inputs]
-    rows = [h + (forced[i] if forced else []) for i, h in enumerate(heads)]
-    width = max(1, max(len(r) for r in rows))
-    # BOS + input: bidirectional in a prefix LM (`model.decode_prompt`), ignored by causal LMs
-    causal = np.stack([(np.arange(width) < len(h)).astype(np.int32) for h in heads])
-    return {"decoder_input_tokens": _pad(rows, width),
-            "prompt_lengths": np.asarray([len(r) for r in rows], np.int32),
-            "decoder_causal_attention": causal}
+    return predictor.model.prompt_batch(_input_ids(predictor, inputs), forced,
+                                        input_length=predictor.input_length)
 
 
 def _detokenize(predictor: Predictor, ids: np.ndarray) -> str:
@@ -357,14 +359,14 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
         options["num_beams"] = max(options.get("num_beams", 4), num_decodes)
         options["num_decodes"] = num_decodes
     length = predictor.target_length if max_decode_length is None else max_decode_length
-    shards = P.batch_shard_count(predictor.mesh, predictor.rules)
+    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
     rows, chunks = _batches(len(inputs), batch_size, shards)
     rng = jax.random.key(seed)
     results: list[dict[str, Any]] = []
     for b, chunk in enumerate(chunks):
         prompts = [decoder_prompts[i] for i in chunk] if decoder_prompts is not None else None
         batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], prompts), rows)
-        with P.partitioning_context(predictor.mesh, predictor.rules):
+        with partitioning.partitioning_context(predictor.mesh, predictor.rules):
             out = predictor.model.decode(predictor.params, batch, method=method,
                                          max_decode_length=length,
                                          rng=jax.random.fold_in(rng, b), **options)
@@ -382,29 +384,11 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
 def _score_batch(predictor: Predictor, inputs: Sequence[str],
                  targets: Sequence[str]) -> dict[str, np.ndarray]:
     """A teacher-forced batch as the feature converters build it (unpacked)."""
-    li, lt = predictor.input_length, predictor.target_length
+    lt = predictor.target_length
     tgt = [_tokens(predictor, t, lt, True, "target") for t in targets]
-    if predictor.model.has_encoder:
-        dec = _pad(tgt, lt)
-        return {"encoder_input_tokens": _pad(
-                    [_tokens(predictor, t, li, True, "input") for t in inputs], li),
-                "decoder_target_tokens": dec,
-                "decoder_input_tokens": np.pad(dec[:, :-1], ((0, 0), (1, 0))),
-                "decoder_loss_weights": (dec > 0).astype(np.int32)}
-    heads = [_tokens(predictor, t, li, predictor.has_inputs, "input") for t in inputs]
-    width = (li if predictor.has_inputs else 0) + lt
-    seq = _pad([h + t for h, t in zip(heads, tgt, strict=True)], width)
-    weights = np.zeros_like(seq)
-    causal = np.zeros_like(seq)
-    for i, (h, t) in enumerate(zip(heads, tgt, strict=True)):
-        weights[i, len(h): len(h) + len(t)] = 1
-        causal[i, : len(h) + 1] = 1
-    return {"decoder_target_tokens": seq, "decoder_input_tokens": np.pad(seq[:, :-1],
-            ((0, 0), (1, 0))), "decoder_loss_weights": weights,
-            "decoder_segment_ids": (np.arange(width)[None] < np.asarray(
-                [len(h) + len(t) for h, t in zip(heads, tgt, strict=True)])[:, None]
-            ).astype(np.int32),
-            "decoder_causal_attention": causal}  # used by prefix LMs only
+    return predictor.model.score_batch(_input_ids(predictor, inputs), tgt,
+                                       input_length=predictor.input_length, target_length=lt,
+                                       has_inputs=predictor.has_inputs)
 
 
 _SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
@@ -418,13 +402,13 @@ def score(predictor: Predictor, inputs: Sequence[str], targets: Sequence[str], *
     if predictor.model not in _SCORE_FNS:
         _SCORE_FNS[predictor.model] = jax.jit(predictor.model.score)
     fn = _SCORE_FNS[predictor.model]
-    shards = P.batch_shard_count(predictor.mesh, predictor.rules)
+    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
     rows, chunks = _batches(len(inputs), batch_size, shards)
     out: list[float] = []
     for chunk in chunks:
         batch = _pad_rows(_score_batch(predictor, [inputs[i] for i in chunk],
                                        [targets[i] for i in chunk]), rows)
-        with P.partitioning_context(predictor.mesh, predictor.rules):
+        with partitioning.partitioning_context(predictor.mesh, predictor.rules):
             values = np.asarray(fn(predictor.params, batch))
         out.extend(float(v) for v in values[: len(chunk)])
     _warn_truncated(predictor, len(inputs))
@@ -438,18 +422,16 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
     (`model.score_candidates`). The argmax per row is rank classification."""
     if not candidates:
         raise ValueError("rank needs at least one candidate")
-    tokens = _pad([_tokens(predictor, c, predictor.target_length, True, "target")
-                   for c in candidates])
-    shards = P.batch_shard_count(predictor.mesh, predictor.rules)
+    tokens = pad_ids([_tokens(predictor, c, predictor.target_length, True, "target")
+                      for c in candidates])
+    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
     rows, chunks = _batches(len(inputs), batch_size, shards)
-    width = predictor.input_length + 1  # decoder-only prompts: BOS + input (+ EOS)
     out = np.zeros((len(inputs), len(candidates)), np.float32)
     for chunk in chunks:
-        batch = _pad_rows(_prompt_batch(predictor, [inputs[i] for i in chunk], None), rows)
-        for key in ("decoder_input_tokens", "decoder_causal_attention"):
-            if key in batch and not predictor.model.has_encoder:  # one shape, one compile
-                batch[key] = np.pad(batch[key], ((0, 0), (0, width - batch[key].shape[1])))
-        with P.partitioning_context(predictor.mesh, predictor.rules):
+        ids = _input_ids(predictor, [inputs[i] for i in chunk])
+        batch = _pad_rows(predictor.model.rank_batch(ids, input_length=predictor.input_length),
+                          rows)
+        with partitioning.partitioning_context(predictor.mesh, predictor.rules):
             values = predictor.model.score_candidates(predictor.params, batch, tokens)
         out[chunk.start: chunk.stop] = np.asarray(values)[: len(chunk)]
     _warn_truncated(predictor, len(inputs))
@@ -654,7 +636,8 @@ def main(argv: Sequence[str]) -> int:
             target_scores = score(predictor, [rows[i]["inputs"] for i in scored],
                                   [rows[i]["targets"] for i in scored],
                                   batch_size=args.batch_size)
-    except (InferenceError, gin_utils.ConfigError, C.CheckpointMismatchError, ValueError) as err:
+    except (InferenceError, gin_utils.ConfigError, checkpoints.CheckpointMismatchError,
+            ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for i, value in zip(scored, target_scores, strict=True):

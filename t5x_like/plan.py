@@ -47,7 +47,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import gin
@@ -58,7 +58,7 @@ from jax.sharding import AbstractMesh
 from t5x_like import flags
 from t5x_like.models import TransformerConfig, make_model
 from t5x_like.models.config import REMAT_POLICIES
-from t5x_like.train import partitioning as P
+from t5x_like.train import partitioning
 from t5x_like.train.optimizers import Optimizer, create_optimizer
 
 GIB = 1024**3
@@ -80,7 +80,7 @@ def _mesh(mesh_shape: Sequence[int], num_devices: int | None) -> tuple[int, int,
     if -1 in shape and num_devices is None:
         raise ValueError(f"mesh_shape {tuple(shape)} has a -1 entry: give num_devices")
     n = num_devices if num_devices is not None else math.prod(shape)
-    return P.resolve_mesh_shape(shape, n)
+    return partitioning.resolve_mesh_shape(shape, n)
 
 
 def _shard_bytes(abstract: Any, shardings: Any) -> int:
@@ -312,14 +312,9 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
               trace_config.kv_heads * trace_config.head_dim}
     tp_sizes = {config.num_heads, config.kv_heads, config.mlp_dim, config.vocab_size,
                 *joined} - {config.emb_dim}
-    enc_dec = config.has_encoder
-    shared = config.shared_encoder_decoder
-    if enc_dec and not shared:
-        variants = {"base": (1, 1), "enc": (2, 1), "dec": (1, 2)}
-    elif enc_dec:
-        variants = {"base": (1, 1), "pair": (2, 2)}
-    else:
-        variants = {"base": (0, 1), "dec": (0, 2)}
+    # One layer per stack ("base"), then each stack with a second layer.
+    base = dict.fromkeys(config.layer_stacks(), 1)
+    variants = {"base": base, **{stack: {**base, stack: 2} for stack in base}}
     lengths = tuple(sorted((k, int(v)) for k, v in sequence_length.items()))
     plans = tuple(_FUSION_PLANS) if fused else ("",)
     best: dict[str, float] = {}
@@ -327,9 +322,9 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
         measured: dict[str, dict[str, float]] = {}
         for policy in REMAT_POLICIES:
             per: dict[str, float] = {}
-            for name, (ne, nd) in variants.items():
-                cfg = trace_config.replace(num_encoder_layers=ne, num_decoder_layers=nd,
-                                           remat_policy=policy, scan_layers=False)
+            for name, depths in variants.items():
+                cfg = trace_config.with_layer_stacks(depths).replace(remat_policy=policy,
+                                                                     scan_layers=False)
                 per[name] = _residual_bytes(
                     _residuals(cfg, lengths, packed, plan_name, gathered and bool(plan_name)),
                     batch_scale=per_device_batch / _TRACE_BATCH, model_axis=model_axis,
@@ -342,17 +337,15 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
 
 def _extrapolate(config: TransformerConfig,
                  measured: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """{policy: bytes} for the config's layer counts from the 1-2 layer traces (+ one layer's
+    """{policy: bytes} for the config's layer counts from the 1-2 layer traces (`measured`:
+    policy -> {'base': one layer per stack, stack: that stack with two}; + one layer's
     un-rematerialised residuals for the recomputation under remat)."""
     out: dict[str, float] = {}
     for policy, per in measured.items():
         base = per["base"]
-        if "pair" in per:
-            total = base + (config.num_decoder_layers - 1) * (per["pair"] - base)
-        else:
-            total = base + (config.num_decoder_layers - 1) * (per["dec"] - base)
-            if "enc" in per:
-                total += (config.num_encoder_layers - 1) * (per["enc"] - base)
+        total = base
+        for stack, depth in config.layer_stacks().items():
+            total += (depth - 1) * (per[stack] - base)
         if policy != "none":
             none = measured["none"]
             total += max(none[k] - none["base"] for k in none if k != "base")
@@ -404,64 +397,33 @@ def plan(
     _check_counts(batch_size=batch_size, num_microbatches=num_microbatches,
                   sequence_length=sequence_length, device_memory_gb=device_memory_gb)
     shape = _mesh(mesh_shape, num_devices)
-    devices = math.prod(shape)
-    remat = config.remat_policy if remat is None else remat
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat={remat!r}; choose one of {REMAT_POLICIES}")
-    rules = P.logical_axis_rules(preset)
-    amesh = AbstractMesh(shape, P.MESH_AXES)
-    shards = P.batch_shard_count(amesh, rules)
-    if batch_size % (shards * num_microbatches):
-        raise ValueError(f"batch_size={batch_size} not divisible by {shards} batch shards x "
-                         f"{num_microbatches} microbatches (mesh {shape}, preset {preset!r})")
-    per_device_batch = batch_size // shards // num_microbatches
-
-    model = make_model(config)
-    boxed = _boxed_params(config, tuple(sorted(sequence_length)))
-    logical, param_sh = P.param_shardings(boxed, amesh, rules)
-    params = nn.unbox(boxed)
-    opt = create_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
-    opt_abstract = jax.eval_shape(opt.tx.init, params)
-    opt_sh = P.derived_state_shardings(opt_abstract, params, logical, amesh, rules)
-    param_b, opt_b = _shard_bytes(params, param_sh), _shard_bytes(opt_abstract, opt_sh)
-    grads_b = param_b * (2 if num_microbatches > 1 else 1)
-    global_params = _global_bytes(params)
-    sharded = param_b < global_params
-    # Weights split over `fsdp` are all-gathered before use (tensor-parallel splits are not).
-    # With a `model` axis too, XLA:TPU recomputes the norm outputs all the same (T5 fsdp_tp on
-    # v5e-16 stores only the norm inputs), so the rule is for pure FSDP.
-    fsdp_gathered = shape[1] > 1 and not (preset in _TP_PRESETS and shape[2] > 1) and any(
-        "fsdp" in jax.tree.leaves(tuple(s.spec)) for s in jax.tree.leaves(param_sh))
+    remat = _check_remat(config.remat_policy if remat is None else remat)
+    rules = partitioning.logical_axis_rules(preset)
+    amesh = AbstractMesh(shape, partitioning.MESH_AXES)
+    per_device_batch = _per_device_batch(batch_size, num_microbatches, amesh, rules, preset)
+    state = _state_bytes(config, sequence_length, optimizer, num_microbatches, amesh, rules)
+    tp_axis = shape[2] if preset in _TP_PRESETS else 1
     acts = activation_bytes(
         config, per_device_batch=per_device_batch, sequence_length=sequence_length,
         model_axis=shape[2], tp=preset in _TP_PRESETS,
-        param_ratio=param_b / max(global_params, 1), packed=packed,
-        fused=compiler != "cpu", gathered=fsdp_gathered)
-    gathered = gathered_weight_bytes(params, config.activation_dtype, sharded,
-                                     shape[2] if preset in _TP_PRESETS else 1)
+        param_ratio=state.params / max(state.global_params, 1), packed=packed,
+        fused=compiler != "cpu", gathered=_fsdp_gathered(shape, preset, state.param_shardings))
+    gathered = gathered_weight_bytes(state.abstract_params, config.activation_dtype,
+                                     state.params < state.global_params, tp_axis)
+    model = make_model(config)
     parts = model.flops_breakdown(dict(sequence_length))
     # The f32 gradient of the logits, [batch, positions, vocab] per device (vocab split by TP).
     positions = parts["output"] / (6 * config.emb_dim * config.vocab_size)
-    logits_grad = (per_device_batch * positions * config.vocab_size * 4
-                   / (shape[2] if preset in _TP_PRESETS else 1))
-    if compiler == "cpu":  # XLA:CPU: every residual and the whole gradient at once
-        temp = {k: grads_b + gathered + v for k, v in acts.items()}
-    else:  # the peak is where the backward pass starts (see the module docstring)
-        accum = grads_b - param_b
-        temp = {k: HEAP_OVERHEAD * (accum + gathered + max(v + logits_grad, param_b))
-                for k, v in acts.items()}
-    totals = {k: param_b + opt_b + v for k, v in temp.items()}
-
+    logits_grad = per_device_batch * positions * config.vocab_size * 4 / tp_axis
+    temp = _temp_bytes(compiler, acts, state, gathered, logits_grad)
+    totals = {k: state.params + state.optimizer_state + v for k, v in temp.items()}
     flops = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
-    attn = float(parts["attention"]) * batch_size
-    layers = flops - float(parts["output"]) * batch_size
-    recompute = {"none": 0.0, "dots": 0.0, "minimal": attn / 3.0, "full": layers / 3.0}
     memory = None if device_memory_gb is None else float(device_memory_gb) * GIB
     return {
         "family": config.family,
-        "num_params": sum(math.prod(a.shape) for a in jax.tree.leaves(params)),
-        "mesh": dict(zip(P.MESH_AXES, shape, strict=True)),
-        "num_devices": devices,
+        "num_params": sum(math.prod(a.shape) for a in jax.tree.leaves(state.abstract_params)),
+        "mesh": dict(zip(partitioning.MESH_AXES, shape, strict=True)),
+        "num_devices": math.prod(shape),
         "preset": preset,
         "optimizer": optimizer if isinstance(optimizer, str) else "custom",
         "batch_size": batch_size,
@@ -470,18 +432,96 @@ def plan(
         "sequence_length": dict(sequence_length),
         "remat": remat,
         "bytes_per_device": {
-            "params": param_b, "optimizer_state": opt_b, "gradients": grads_b,
-            "gathered_weights": gathered, "activations": acts, "logits_gradient": logits_grad,
-            "temp": temp, "total": totals,
+            "params": state.params, "optimizer_state": state.optimizer_state,
+            "gradients": state.gradients, "gathered_weights": gathered, "activations": acts,
+            "logits_gradient": logits_grad, "temp": temp, "total": totals,
         },
-        "global_bytes": {"params": global_params, "optimizer_state": _global_bytes(opt_abstract)},
+        "global_bytes": {"params": state.global_params,
+                         "optimizer_state": state.global_optimizer_state},
         "total_bytes": totals[remat],
         "device_memory_bytes": memory,
         "fits": None if memory is None else totals[remat] <= memory,
         "flops_per_step": flops,
-        "flops_per_device_per_step": flops / devices,
-        "recompute_flops_per_step": recompute,
+        "flops_per_device_per_step": flops / math.prod(shape),
+        "recompute_flops_per_step": _recompute_flops(parts, flops, batch_size),
     }
+
+
+def _check_remat(remat: str) -> str:
+    """`remat` if it names a policy, else ValueError listing them."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r}; choose one of {REMAT_POLICIES}")
+    return remat
+
+
+def _per_device_batch(batch_size: int, num_microbatches: int, amesh: AbstractMesh,
+                      rules: partitioning.LogicalRules, preset: str) -> int:
+    """Examples per device per microbatch; ValueError when the batch does not divide."""
+    shards = partitioning.batch_shard_count(amesh, rules)
+    if batch_size % (shards * num_microbatches):
+        raise ValueError(f"batch_size={batch_size} not divisible by {shards} batch shards x "
+                         f"{num_microbatches} microbatches (mesh {tuple(amesh.axis_sizes)}, "
+                         f"preset {preset!r})")
+    return batch_size // shards // num_microbatches
+
+
+class _StateBytes(NamedTuple):
+    """Parameters, optimizer state and gradients of a plan: per-device and global bytes."""
+
+    abstract_params: Any   # unboxed `jax.ShapeDtypeStruct` tree
+    param_shardings: Any   # NamedSharding per parameter
+    params: int            # per-device bytes
+    optimizer_state: int
+    gradients: int
+    global_params: int     # bytes of the whole (unsharded) tree
+    global_optimizer_state: int
+
+
+def _state_bytes(config: TransformerConfig, sequence_length: Mapping[str, int],
+                 optimizer: str | Optimizer, num_microbatches: int, amesh: AbstractMesh,
+                 rules: partitioning.LogicalRules) -> _StateBytes:
+    """Shards the abstract parameters and optimizer state with the training rules on `amesh`;
+    gradients are fp32 like the parameters, twice that with microbatches (the accumulator)."""
+    boxed = _boxed_params(config, tuple(sorted(sequence_length)))
+    logical, param_sh = partitioning.param_shardings(boxed, amesh, rules)
+    params = nn.unbox(boxed)
+    opt = create_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
+    opt_abstract = jax.eval_shape(opt.tx.init, params)
+    opt_sh = partitioning.derived_state_shardings(opt_abstract, params, logical, amesh, rules)
+    param_b = _shard_bytes(params, param_sh)
+    return _StateBytes(params, param_sh, param_b, _shard_bytes(opt_abstract, opt_sh),
+                       param_b * (2 if num_microbatches > 1 else 1), _global_bytes(params),
+                       _global_bytes(opt_abstract))
+
+
+def _fsdp_gathered(shape: Sequence[int], preset: str, param_shardings: Any) -> bool:
+    """Whether weights reach the step through an FSDP all-gather (pure FSDP).
+
+    Weights split over `fsdp` are all-gathered before use (tensor-parallel splits are not).
+    With a `model` axis too, XLA:TPU recomputes the norm outputs all the same (T5 fsdp_tp on
+    v5e-16 stores only the norm inputs), so the rule is for pure FSDP."""
+    return shape[1] > 1 and not (preset in _TP_PRESETS and shape[2] > 1) and any(
+        "fsdp" in jax.tree.leaves(tuple(s.spec)) for s in jax.tree.leaves(param_shardings))
+
+
+def _temp_bytes(compiler: str, acts: Mapping[str, float], state: _StateBytes,
+                gathered: float, logits_grad: float) -> dict[str, float]:
+    """{policy: temporaries} per device: the one place the parts are combined (DESIGN.md)."""
+    if compiler == "cpu":  # XLA:CPU: every residual and the whole gradient at once
+        return {k: state.gradients + gathered + v for k, v in acts.items()}
+    # The peak is where the backward pass starts (see the module docstring).
+    accum = state.gradients - state.params
+    return {k: HEAP_OVERHEAD * (accum + gathered + max(v + logits_grad, state.params))
+            for k, v in acts.items()}
+
+
+def _recompute_flops(parts: Mapping[str, float], flops: float,
+                     batch_size: int) -> dict[str, float]:
+    """{policy: FLOPs per step recomputed under remat}: 'minimal' redoes the attention's
+    forward, 'full' every layer's forward (a third of their training FLOPs)."""
+    attn = float(parts["attention"]) * batch_size
+    layers = flops - float(parts["output"]) * batch_size
+    return {"none": 0.0, "dots": 0.0, "minimal": attn / 3.0, "full": layers / 3.0}
 
 
 def _check_counts(*, batch_size: int, sequence_length: Mapping[str, int],
@@ -504,7 +544,7 @@ def preset_mesh(preset: str, num_devices: int, devices_per_host: int = 8,
     if preset == "fsdp":
         return (1, num_devices, 1), "fsdp"
     if preset == "fsdp_tp":
-        shape = P.fsdp_tp_mesh_shape(model_parallelism, num_devices,
+        shape = partitioning.fsdp_tp_mesh_shape(model_parallelism, num_devices,
                                      min(devices_per_host, num_devices))
         return shape, "tensor_parallel_2d"
     raise ValueError(f"preset={preset!r}; choose one of data_parallel, fsdp, fsdp_tp")
@@ -620,13 +660,8 @@ def _fit_advice(fix: Mapping[str, Any] | None) -> str:
             f"microbatch(es) ({fix['total_bytes'] / GIB:.2f} GiB): " + " ".join(fix["gin_flags"]))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m t5x_like.plan``; returns the exit status."""
-    from t5x_like import gin_utils
-
-    if not os.environ.get("JAX_PLATFORMS"):  # shapes and arithmetic only: never initialise a
-        jax.config.update("jax_platforms", "cpu")  # GPU/TPU plugin (a venv may hold them)
-
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of ``python -m t5x_like.plan`` (``--gin.KEY=VALUE`` is split off before)."""
     p = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__.split("\n")[0])
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
@@ -648,6 +683,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--compiler", default="accelerator", choices=COMPILERS,
                    help="activation model: XLA:TPU/GPU fusion (default) or XLA:CPU")
     p.add_argument("--json", action="store_true")
+    return p
+
+
+def _recommend_from_flags(args: argparse.Namespace, config: TransformerConfig,
+                          lengths: Mapping[str, int], batch: int,
+                          optimizer: str) -> dict[str, Any] | None:
+    """``--recommend``: `recommend`'s result with its ``gin_flags``; None if nothing fits."""
+    if args.num_devices is None or args.device_memory_gb is None:
+        raise ValueError("--recommend needs --num_devices and --device_memory_gb")
+    result = recommend(config, num_devices=args.num_devices, batch_size=batch,
+                       sequence_length=lengths, device_memory_gb=args.device_memory_gb,
+                       optimizer=optimizer, devices_per_host=args.devices_per_host)
+    if result is not None:
+        result["gin_flags"] = recommend_flags(result)
+    return result
+
+
+def _plan_from_flags(args: argparse.Namespace, config: TransformerConfig,
+                     lengths: Mapping[str, int], batch: int, optimizer: str) -> dict[str, Any]:
+    """`plan` of the flags (mesh, preset and microbatches from gin where not given); when it
+    does not fit, ``fits_with`` names the cheapest change that would (`recommend`)."""
+    n = args.num_devices
+    if args.mesh:
+        mesh = list(args.mesh)
+    else:
+        per_host = min(args.devices_per_host, n) if n else None
+        mesh = gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
+                         devices_per_host=per_host)
+    preset = args.preset or gin_value("logical_axis_rules.preset", "fsdp")
+    result = plan(config, batch_size=batch, sequence_length=lengths, mesh_shape=mesh,
+                  preset=preset, optimizer=optimizer, remat=args.remat,
+                  num_microbatches=args.num_microbatches
+                  or gin_value("train.num_microbatches", 1),
+                  num_devices=n, device_memory_gb=args.device_memory_gb,
+                  compiler=args.compiler)
+    if result["fits"] is False:  # name the cheapest change that would fit
+        found = recommend(config, num_devices=result["num_devices"], batch_size=batch,
+                          sequence_length=lengths, device_memory_gb=args.device_memory_gb,
+                          optimizer=optimizer, devices_per_host=args.devices_per_host)
+        result["fits_with"] = None if found is None else {
+            "sharding": found["sharding"], "remat": found["remat"],
+            "num_microbatches": found["num_microbatches"],
+            "total_bytes": found["total_bytes"], "gin_flags": recommend_flags(found)}
+    return result
+
+
+def _print_result(result: Mapping[str, Any], as_json: bool) -> None:
+    """The plan as JSON, or as the table with the reproducing flags and the fit advice."""
+    if as_json:
+        print(json.dumps(result, indent=1))
+        return
+    print(format_plan(result))
+    if "gin_flags" in result:
+        print("\nreproduce with: " + " ".join(result["gin_flags"]))
+    if result.get("fits") is False:
+        print("\n" + _fit_advice(result.get("fits_with")))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m t5x_like.plan``; returns the exit status (1: does not fit, 2: bad config)."""
+    from t5x_like import gin_utils
+
+    if not os.environ.get("JAX_PLATFORMS"):  # shapes and arithmetic only: never initialise a
+        jax.config.update("jax_platforms", "cpu")  # GPU/TPU plugin (a venv may hold them)
+
+    p = build_parser()
     try:
         rest, gin_flags = gin_utils.split_gin_flags(sys.argv[1:] if argv is None else argv)
     except gin_utils.ConfigError as err:
@@ -663,51 +764,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch = args.batch_size or gin_value("train.batch_size", 128)
         optimizer = args.optimizer or gin_value("create_optimizer.name", "adafactor")
         if args.recommend:
-            if args.num_devices is None or args.device_memory_gb is None:
-                raise ValueError("--recommend needs --num_devices and --device_memory_gb")
-            result = recommend(config, num_devices=args.num_devices, batch_size=batch,
-                               sequence_length=lengths, device_memory_gb=args.device_memory_gb,
-                               optimizer=optimizer, devices_per_host=args.devices_per_host)
+            result = _recommend_from_flags(args, config, lengths, batch, optimizer)
             if result is None:
                 print(f"nothing fits {args.device_memory_gb:g} GiB on {args.num_devices} "
                       f"devices at batch {batch}, even with fsdp_tp, full remat and "
                       "microbatches: add devices or lower train.batch_size", file=sys.stderr)
                 return 1
-            result["gin_flags"] = recommend_flags(result)
         else:
-            n = args.num_devices
-            if args.mesh:
-                mesh = list(args.mesh)
-            else:
-                per_host = min(args.devices_per_host, n) if n else None
-                mesh = gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
-                                 devices_per_host=per_host)
-            preset = args.preset or gin_value("logical_axis_rules.preset", "fsdp")
-            result = plan(config, batch_size=batch, sequence_length=lengths, mesh_shape=mesh,
-                          preset=preset, optimizer=optimizer, remat=args.remat,
-                          num_microbatches=args.num_microbatches
-                          or gin_value("train.num_microbatches", 1),
-                          num_devices=n, device_memory_gb=args.device_memory_gb,
-                          compiler=args.compiler)
-            if result["fits"] is False:  # name the cheapest change that would fit
-                found = recommend(config, num_devices=result["num_devices"], batch_size=batch,
-                                  sequence_length=lengths, device_memory_gb=args.device_memory_gb,
-                                  optimizer=optimizer, devices_per_host=args.devices_per_host)
-                result["fits_with"] = None if found is None else {
-                    "sharding": found["sharding"], "remat": found["remat"],
-                    "num_microbatches": found["num_microbatches"],
-                    "total_bytes": found["total_bytes"], "gin_flags": recommend_flags(found)}
+            result = _plan_from_flags(args, config, lengths, batch, optimizer)
     except (ValueError, gin_utils.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(format_plan(result))
-        if "gin_flags" in result:
-            print("\nreproduce with: " + " ".join(result["gin_flags"]))
-        if result.get("fits") is False:
-            print("\n" + _fit_advice(result.get("fits_with")))
+    _print_result(result, args.json)
     return 0 if result.get("fits") is not False else 1
 
 

@@ -9,6 +9,27 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+
+def _shared_compilation_cache() -> None:
+    """One persistent XLA compilation cache for the whole run: the pytest workers and every
+    subprocess they start (train / evaluate / infer CLIs compile the same tiny models' steps
+    again and again; a hit saves about a third of such a process's CPU time). The controller
+    makes the directory before the workers start, so they inherit it, and removes it at exit.
+    Tests about the cache itself set their own (tests/sweep/test_cells.py)."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="t5x_like_tests_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+_shared_compilation_cache()
+
 import gin  # noqa: E402
 import pytest  # noqa: E402
 
@@ -50,6 +71,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 #: collected first: `--dist loadfile` hands modules to workers in collection order, so started
 #: last, one of them would leave a worker running it alone at the end of the run.
 COSTLIEST_FIRST = ("sweep/test_cells.py", "train/test_multiprocess.py", "aot/test_cli.py",
+                   "sweep/test_control_cells.py",
                    "train/test_resume.py", "test_plan.py", "train/test_metrics_lag.py",
                    "models/test_decoding.py", "notebooks/test_notebook.py",
                    "train/test_corrupt_checkpoints.py")

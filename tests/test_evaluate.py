@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from t5x_like import evaluate, infer
+from t5x_like import evaluate, families, infer
 from t5x_like.data import downstream
 from tests.conftest import REPO
+from tests.test_infer import pretrain_tiny
 
 #: Smallest settings that reliably beat the baseline here (measured: macro-F1 60.5 vs 41.9,
 #: accuracy 77.4 vs 72.1): 100 steps, batch 16, inputs cut to 64 tokens, lr 1e-2.
@@ -143,3 +146,48 @@ def test_sigterm_during_finetune_exits_like_train_and_resumes(pretrained_dir, tm
     assert again.returncode == 0, err
     assert f"restored step {saved[-1]}" in out
     assert (tmp_path / "eval" / "results.json").exists()
+
+
+@pytest.fixture(scope="module", params=[families.DECODER_ONLY.name, families.PREFIX_LM.name])
+def lm_dir(request, tmp_path_factory) -> tuple[str, str]:
+    """(family, a tiny pre-trained model dir of it) for the decoder-only families."""
+    family = request.param
+    return family, pretrain_tiny(tmp_path_factory.mktemp(family) / "model", family)
+
+
+def test_cli_evaluates_the_decoder_only_families(lm_dir, tmp_path):
+    """`python -m t5x_like.evaluate --multitask` on a causal LM and a prefix LM: a real (2-step)
+    fine-tune from the checkpoint, rank classification (spam) and greedy decoding (cloze) of the
+    whole test splits, with the same predictions as the library on the fine-tuned model."""
+    family, model_dir = lm_dir
+    out = tmp_path / "eval"
+    proc = evaluate_cli(f"--checkpoint={model_dir}", f"--out_dir={out}",
+                        "--tasks=downstream_spam,downstream_cloze", "--multitask",
+                        "--finetune_steps=2", *(f"--gin_bindings={b}" for b in FAST))
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert results["step"] == 20 and results["finetune"]["runs"][0]["trained"]
+    for task, mode in (("downstream_spam", "rank"), ("downstream_cloze", "greedy")):
+        entry = results["tasks"][task]
+        assert entry["prediction"] == mode and 0 <= entry["score"] <= 100
+        assert entry["num_examples"] == len(downstream.load_examples(task, "test"))
+
+    predictor = infer.load_predictor(str(out / "finetune" / downstream.MIXTURE))
+    assert predictor.family == family and predictor.step == 2
+    spam = [json.loads(r) for r in (out / "predictions" / "downstream_spam.jsonl").read_text()
+            .splitlines()]
+    assert {r["output"] for r in spam} <= {"ham", "spam"}
+    assert all(math.isfinite(r["score"]) and r["score"] < 0 for r in spam)
+    texts = [r["inputs"] for r in spam[:8]]
+    labels, scores = evaluate.rank_classify(predictor, texts, ["ham", "spam"])
+    assert labels == [r["output"] for r in spam[:8]]
+    np.testing.assert_allclose(scores, [r["score"] for r in spam[:8]], atol=1e-4)
+    cloze = [json.loads(r) for r in (out / "predictions" / "downstream_cloze.jsonl").read_text()
+             .splitlines()][:64]  # evaluate's first batch of 64, decoded again here
+    length = downstream.get_spec("downstream_cloze").sequence_length["targets"]
+    preds = infer.predict(predictor, [r["inputs"] for r in cloze], max_decode_length=length,
+                          batch_size=64)
+    assert [p["output"] for p in preds] == [r["output"] for r in cloze]
+    np.testing.assert_allclose([p["score"] for p in preds], [r["score"] for r in cloze],
+                               atol=1e-4)

@@ -8,14 +8,16 @@ import math
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import gin
 import jax
 import numpy as np
 import pytest
 
-from t5x_like import infer
+from t5x_like import families, infer
 from t5x_like.models import decoding
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_BINDINGS
 
 TEXTS = ["The cat sat on the <extra_id_0> and then it ran away.", "Hello world",
          "A third, somewhat longer input about the history of the State of the Union."]
@@ -348,3 +350,93 @@ def test_cli_warns_once_about_truncation(tmp_path, pretrained_dir):
     assert proc.stderr.count("truncated") == 1, proc.stderr
     assert "t5x_like.infer" in proc.stderr and "__main__" not in proc.stderr
     assert "1 of 2 inputs truncated to the model's input length 64 tokens" in proc.stderr
+
+
+# Every family through the real CLI --------------------------------------------------------------
+def pretrain_tiny(model_dir: Path, family: str) -> str:
+    """`python -m t5x_like.train` (in-process) of conftest's tiny model as a `family` model: 20
+    span-corruption steps (the decoder-only families read inputs + targets as one sequence)."""
+    from t5x_like.train.cli import main
+
+    argv = ["--gin_file", str(REPO / "gin/runs/quickstart.gin"), f"--model_dir={model_dir}"]
+    for b in (*TINY_BINDINGS, f"TransformerConfig.family = '{family}'"):
+        argv += ["--gin_bindings", b]
+    gin.clear_config()
+    assert main(argv) == 0
+    gin.clear_config()
+    return str(model_dir)
+
+
+@pytest.fixture(scope="module", params=families.NAMES)
+def family_dir(request, tmp_path_factory, pretrained_dir) -> tuple[str, str]:
+    """(family, a tiny trained model dir of it); the encoder-decoder is conftest's."""
+    family = request.param
+    if family == families.ENCODER_DECODER.name:
+        return family, pretrained_dir
+    return family, pretrain_tiny(tmp_path_factory.mktemp(family) / "model", family)
+
+
+LABELS = ["ham", "spam", "a much longer label"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_cli_greedy_beam_score_and_rank_on_every_family(tmp_path, family_dir):
+    """`python -m t5x_like.infer` (greedy and beam, scoring every input x label pair) on a tiny
+    checkpoint of each family: the same outputs and scores as the library, finite scores, and
+    rank classification (`infer.rank`: one prefill per input) consistent with those scores."""
+    family, model_dir = family_dir
+    src = tmp_path / "pairs.jsonl"
+    pairs = [(text, label) for text in TEXTS for label in LABELS]
+    src.write_text("".join(json.dumps({"inputs": t, "targets": lab}) + "\n" for t, lab in pairs),
+                   encoding="utf-8")
+    base = ("t5x_like.infer", f"--checkpoint={model_dir}", f"--input_file={src}",
+            "--max_decode_length=6", "--batch_size=4")
+    greedy, beam = tmp_path / "greedy.jsonl", tmp_path / "beam.jsonl"
+    procs = run_clis((*base, f"--output_file={greedy}"),
+                     (*base, f"--output_file={beam}", "--method=beam", "--num_decodes=2"))
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr
+    greedy_rows, beam_rows = read_jsonl(greedy), read_jsonl(beam)
+    assert [(r["inputs"], r["targets"]) for r in greedy_rows] == pairs
+
+    predictor = infer.load_predictor(model_dir)
+    assert predictor.family == family and predictor.has_inputs
+    lib = infer.predict(predictor, [t for t, _ in pairs], max_decode_length=6, batch_size=4)
+    assert [r["output"] for r in greedy_rows] == [p["output"] for p in lib]
+    np.testing.assert_allclose([r["score"] for r in greedy_rows], [p["score"] for p in lib],
+                               atol=1e-4)
+    lib_beam = infer.predict(predictor, TEXTS, method="beam", num_decodes=2, max_decode_length=6)
+    for row, p in zip(beam_rows[::len(LABELS)], lib_beam, strict=True):
+        assert row["outputs"] == p["outputs"] and row["output"] == p["outputs"][0]
+        np.testing.assert_allclose(row["scores"], p["scores"], atol=1e-4)
+        assert row["scores"][0] >= row["scores"][1]  # best first
+    scores = np.asarray([r["target_score"] for r in greedy_rows])
+    assert np.all(np.isfinite(scores)) and np.all(scores < 0)
+    assert [r["target_score"] for r in beam_rows] == list(scores)  # scoring ignores decoding
+    assert all(math.isfinite(s) for r in beam_rows for s in r["scores"])
+
+    ranked = infer.rank(predictor, TEXTS, LABELS, batch_size=2)
+    np.testing.assert_allclose(ranked.ravel(), scores, rtol=1e-4, atol=1e-4)
+    assert list(ranked.argmax(1)) == list(scores.reshape(len(TEXTS), -1).argmax(1))
+
+
+def test_decodes_stop_at_max_decode_length_and_eos_on_every_family(family_dir):
+    """`model.decode` on the model's own prompt batch: at most `max_decode_length` tokens, the
+    lengths count up to and including EOS, nothing after it; greedy equals `predict`."""
+    predictor = infer.load_predictor(family_dir[1])
+    batch = infer._prompt_batch(predictor, TEXTS, None)  # noqa: SLF001
+    for method, options in (("greedy", {}), ("beam", {"num_beams": 3, "num_decodes": 2})):
+        out = decoding.decode(predictor.model, host(predictor.params), batch, method=method,
+                              max_decode_length=5, **options)
+        tokens, lengths = np.asarray(out["tokens"]), np.asarray(out["lengths"])
+        assert tokens.shape[:2] == (len(TEXTS), options.get("num_decodes", 1))
+        assert tokens.shape[2] == 5 and np.all((lengths >= 1) & (lengths <= 5))
+        for seq, n in zip(tokens.reshape(-1, 5), lengths.ravel(), strict=True):
+            assert not seq[n:].any()
+            assert n == 5 or seq[n - 1] == 1  # stopped at EOS
+        if method == "greedy":
+            texts = [p["output"] for p in infer.predict(predictor, TEXTS, max_decode_length=5)]
+            assert texts == [text_of(predictor, t[0]) for t in tokens]

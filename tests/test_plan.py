@@ -9,11 +9,9 @@ import jax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import plan as PL
+from t5x_like import plan
 from t5x_like.models import TransformerConfig, make_model
-from t5x_like.train import partitioning as P
-from t5x_like.train import train_state as TS
-from t5x_like.train import train_step as S
+from t5x_like.train import partitioning, train_state, train_step
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import REPO
 
@@ -33,12 +31,12 @@ TEMP_RANGE = (0.6, 1.5)
 def _xla_memory(cfg: TransformerConfig, mesh_shape, preset: str, optimizer: str, batch: int):
     """memory_analysis() of the real jitted train step (compiled, never run)."""
     model, opt = make_model(cfg), create_optimizer(optimizer)
-    mesh, rules = P.create_mesh(mesh_shape), P.logical_axis_rules(preset)
-    shards = P.batch_shard_count(mesh, rules)
+    mesh, rules = partitioning.create_mesh(mesh_shape), partitioning.logical_axis_rules(preset)
+    shards = partitioning.batch_shard_count(mesh, rules)
     init_batch = model.example_batch(shards, LENGTHS, packed=True)
-    state = TS.sharded_state(model, opt, init_batch, mesh, rules)
-    step = S.jit_train_step(S.make_train_step(model, opt), state, mesh, rules)
-    bsh = P.batch_sharding(mesh, rules)
+    state = train_state.sharded_state(model, opt, init_batch, mesh, rules)
+    step = train_step.jit_train_step(train_step.make_train_step(model, opt), state, mesh, rules)
+    bsh = partitioning.batch_sharding(mesh, rules)
     inputs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh)
               for k, v in model.example_batch(batch, LENGTHS, packed=True).items()}
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
@@ -56,8 +54,8 @@ def _xla_memory(cfg: TransformerConfig, mesh_shape, preset: str, optimizer: str,
 def test_plan_matches_xla_memory_analysis(mesh_shape, preset, optimizer, remat) -> None:
     cfg = TransformerConfig(**TINY, remat_policy=remat)
     analysis, batch_bytes = _xla_memory(cfg, mesh_shape, preset, optimizer, batch=16)
-    result = PL.plan(cfg, batch_size=16, sequence_length=LENGTHS, mesh_shape=mesh_shape,
-                     preset=preset, optimizer=optimizer, compiler="cpu")
+    result = plan.plan(cfg, batch_size=16, sequence_length=LENGTHS, mesh_shape=mesh_shape,
+                       preset=preset, optimizer=optimizer, compiler="cpu")
     b = result["bytes_per_device"]
     state = b["params"] + b["optimizer_state"]
     xla_state = analysis.argument_size_in_bytes - batch_bytes
@@ -78,13 +76,13 @@ def test_accelerator_estimate_keeps_fusion_roots_only() -> None:
     cfg = TransformerConfig(**TINY)
     kw = dict(batch_size=16, sequence_length=LENGTHS, mesh_shape=(8, 1, 1),
               preset="data_parallel")
-    acc = PL.plan(cfg, **kw)["bytes_per_device"]
-    cpu = PL.plan(cfg, compiler="cpu", **kw)["bytes_per_device"]
+    acc = plan.plan(cfg, **kw)["bytes_per_device"]
+    cpu = plan.plan(cfg, compiler="cpu", **kw)["bytes_per_device"]
     assert acc["params"] == cpu["params"] and acc["gradients"] == cpu["gradients"]
     for policy in ("none", "minimal"):
         assert 0 < acc["activations"][policy] < 0.8 * cpu["activations"][policy]
     with pytest.raises(ValueError, match="compiler"):
-        PL.plan(cfg, compiler="gpu", **kw)
+        plan.plan(cfg, compiler="gpu", **kw)
 
 
 def _vjp_residuals(f, args) -> tuple:
@@ -116,14 +114,14 @@ def test_fusion_roots_store_a_softmax_once_and_recompute_masks() -> None:
             jax.ShapeDtypeStruct((256,), jnp.int32))
 
     jaxpr, residuals = _vjp_residuals(f, args)
-    nbytes = lambda vs: sum(PL._nbytes(v.aval) for v in vs)  # noqa: SLF001
-    roots = PL._fusion_roots_shared(jaxpr, residuals)  # noqa: SLF001
+    nbytes = lambda vs: sum(plan._nbytes(v.aval) for v in vs)  # noqa: SLF001
+    roots = plan._fusion_roots_shared(jaxpr, residuals)  # noqa: SLF001
     square = 256 * 256 * 4  # one f32 [256, 256]
     assert nbytes(residuals) >= 2 * square  # the jaxpr keeps several [256, 256] arrays
     assert square <= nbytes(roots) < 1.2 * square  # the scores once, plus row statistics
 
 
-@pytest.mark.parametrize("plan_name", sorted(PL._FUSION_PLANS))  # noqa: SLF001
+@pytest.mark.parametrize("plan_name", sorted(plan._FUSION_PLANS))  # noqa: SLF001
 def test_a_chain_through_a_gathered_weight_is_stored(plan_name) -> None:
     """A norm's ``x * rsqrt(mean(x^2)) * scale`` saved for the next matmul's backward: from a
     replicated ``scale`` it is recomputed (x is an input); from an all-gathered one (FSDP)
@@ -139,7 +137,7 @@ def test_a_chain_through_a_gathered_weight_is_stored(plan_name) -> None:
             jax.ShapeDtypeStruct((512, 256), jnp.float32))
 
     jaxpr, residuals = _vjp_residuals(f, args)
-    roots = PL._FUSION_PLANS[plan_name]  # noqa: SLF001
+    roots = plan._FUSION_PLANS[plan_name]  # noqa: SLF001
     replicated = [v.aval.shape for v in roots(jaxpr, residuals)]
     gathered = [v.aval.shape for v in roots(jaxpr, residuals, {id(jaxpr.invars[0])})]
     assert replicated.count((512, 256)) == 1, replicated  # the matmul output (tanh's input)
@@ -152,18 +150,18 @@ def test_accelerator_temp_is_the_backward_pass_start() -> None:
     cfg = TransformerConfig(**TINY)
     kw = dict(batch_size=16, sequence_length=LENGTHS, mesh_shape=(1, 8, 1), preset="fsdp")
     for microbatches in (1, 2):
-        r = PL.plan(cfg, num_microbatches=microbatches, **kw)
+        r = plan.plan(cfg, num_microbatches=microbatches, **kw)
         b = r["bytes_per_device"]
         positions = LENGTHS["targets"]  # an encoder-decoder's logits: one row per target
         assert b["logits_gradient"] == r["per_device_batch"] * positions * cfg.vocab_size * 4
         accum = b["params"] if microbatches > 1 else 0
         for policy, acts in b["activations"].items():
             want = (accum + b["gathered_weights"]
-                    + max(acts + b["logits_gradient"], b["params"])) * PL.HEAP_OVERHEAD
+                    + max(acts + b["logits_gradient"], b["params"])) * plan.HEAP_OVERHEAD
             assert b["temp"][policy] == pytest.approx(want)
             assert b["total"][policy] == pytest.approx(
                 b["params"] + b["optimizer_state"] + want)
-    cpu = PL.plan(cfg, compiler="cpu", **kw)["bytes_per_device"]
+    cpu = plan.plan(cfg, compiler="cpu", **kw)["bytes_per_device"]
     assert cpu["temp"]["none"] == (cpu["gradients"] + cpu["gathered_weights"]
                                    + cpu["activations"]["none"])
 
@@ -173,17 +171,17 @@ def test_fsdp_stores_what_data_parallel_recomputes() -> None:
     all-gathered scale, so they are stored)."""
     cfg = TransformerConfig(**TINY)
     kw = dict(batch_size=16, sequence_length=LENGTHS)
-    dp = PL.plan(cfg, mesh_shape=(8, 1, 1), preset="data_parallel", **kw)
-    fsdp = PL.plan(cfg, mesh_shape=(1, 8, 1), preset="fsdp", **kw)
+    dp = plan.plan(cfg, mesh_shape=(8, 1, 1), preset="data_parallel", **kw)
+    fsdp = plan.plan(cfg, mesh_shape=(1, 8, 1), preset="fsdp", **kw)
     assert dp["per_device_batch"] == fsdp["per_device_batch"]
     assert fsdp["bytes_per_device"]["activations"]["none"] > 1.02 * dp["bytes_per_device"][
         "activations"]["none"]
     # 1-D tensor parallelism uses its weight shards in place: nothing is gathered. With FSDP +
     # TP, XLA:TPU recomputes the norm outputs anyway (it stores only the norm inputs).
     for mesh, preset in (((1, 1, 8), "tensor_parallel"), ((1, 2, 4), "tensor_parallel_2d")):
-        tp = PL.plan(cfg, mesh_shape=mesh, preset=preset, **kw)
+        tp = plan.plan(cfg, mesh_shape=mesh, preset=preset, **kw)
         b = tp["bytes_per_device"]
-        ungathered = PL.activation_bytes(
+        ungathered = plan.activation_bytes(
             cfg, per_device_batch=tp["per_device_batch"], sequence_length=LENGTHS,
             model_axis=mesh[2], tp=True, param_ratio=b["params"] / tp["global_bytes"]["params"],
             gathered=False)
@@ -196,8 +194,8 @@ def test_tensor_parallel_splits_heads_even_when_they_join_to_d_model() -> None:
     fractions = []
     for head_dim in (16, 18):  # 4 x 16 == emb_dim 64; 4 x 18 == 72
         cfg = TransformerConfig(**{**TINY, "head_dim": head_dim})
-        acts = [PL.activation_bytes(cfg, per_device_batch=8, sequence_length=LENGTHS,
-                                    model_axis=m, tp=True)["none"] for m in (1, 4)]
+        acts = [plan.activation_bytes(cfg, per_device_batch=8, sequence_length=LENGTHS,
+                                      model_axis=m, tp=True)["none"] for m in (1, 4)]
         fractions.append(acts[1] / acts[0])
     assert fractions[0] == pytest.approx(fractions[1], rel=0.03), fractions
 
@@ -207,19 +205,20 @@ def test_remat_policies_order_and_adafactor_is_smaller_than_adamw() -> None:
     cfg = TransformerConfig(**{**TINY, "num_encoder_layers": 4, "num_decoder_layers": 4,
                                "emb_dim": 128, "head_dim": 32, "mlp_dim": 512})
     kw = dict(batch_size=16, sequence_length=LENGTHS, mesh_shape=(1, 8, 1), preset="fsdp")
-    ada, adamw = PL.plan(cfg, optimizer="adafactor", **kw), PL.plan(cfg, optimizer="adamw", **kw)
+    ada = plan.plan(cfg, optimizer="adafactor", **kw)
+    adamw = plan.plan(cfg, optimizer="adamw", **kw)
     acts = ada["bytes_per_device"]["activations"]
     assert acts["full"] < acts["minimal"] < acts["none"]
     # Every residual kept (XLA:CPU): saving only matmul outputs ('dots') saves memory too. With
     # fusion (the default) the kept set already is mostly matmul outputs, so 'dots' ~ 'none'.
-    cpu = PL.plan(cfg, optimizer="adafactor", compiler="cpu", **kw)["bytes_per_device"]
+    cpu = plan.plan(cfg, optimizer="adafactor", compiler="cpu", **kw)["bytes_per_device"]
     cpu_acts = cpu["activations"]
     assert cpu_acts["full"] < cpu_acts["minimal"] <= cpu_acts["dots"] < cpu_acts["none"]
     assert acts["none"] < cpu_acts["none"] and acts["dots"] <= cpu_acts["dots"]
     b = adamw["bytes_per_device"]
     assert b["optimizer_state"] == pytest.approx(2 * b["params"], rel=0.01)  # mu + nu, fp32
     assert ada["bytes_per_device"]["optimizer_state"] < 0.2 * b["params"]  # factored
-    mb = PL.plan(cfg, optimizer="adafactor", num_microbatches=2, **kw)["bytes_per_device"]
+    mb = plan.plan(cfg, optimizer="adafactor", num_microbatches=2, **kw)["bytes_per_device"]
     assert mb["gradients"] == 2 * ada["bytes_per_device"]["gradients"]
     assert mb["activations"]["none"] == pytest.approx(acts["none"] / 2, rel=0.05)
 
@@ -232,9 +231,9 @@ def test_plan_an_8b_model_on_a_fake_256_chip_mesh() -> None:
 
     gin_utils.parse_gin(["gin/models/decoder_only_8b.gin"], [])
     cfg = TransformerConfig()
-    result = PL.plan(cfg, batch_size=256, sequence_length={"targets": 4096},
-                     mesh_shape=(1, -1, 8), num_devices=256, preset="tensor_parallel_2d",
-                     optimizer="adamw", remat="full", device_memory_gb=80)
+    result = plan.plan(cfg, batch_size=256, sequence_length={"targets": 4096},
+                       mesh_shape=(1, -1, 8), num_devices=256, preset="tensor_parallel_2d",
+                       optimizer="adamw", remat="full", device_memory_gb=80)
     gin.clear_config()
     b = result["bytes_per_device"]
     assert result["mesh"] == {"data": 1, "fsdp": 32, "model": 8}
@@ -246,16 +245,16 @@ def test_plan_an_8b_model_on_a_fake_256_chip_mesh() -> None:
 
 
 def test_fsdp_tp_mesh_shape_keeps_the_model_axis_inside_a_host() -> None:
-    assert P.fsdp_tp_mesh_shape(8, num_devices=256, devices_per_host=8) == (1, 32, 8)
-    assert P.fsdp_tp_mesh_shape(8, num_devices=8, devices_per_host=4) == (1, 2, 4)
-    assert P.fsdp_tp_mesh_shape(4, num_devices=6, devices_per_host=6) == (1, 3, 2)
-    assert P.fsdp_tp_mesh_shape(8) == (1, 1, 8)  # this process: 8 fake CPU devices
+    assert partitioning.fsdp_tp_mesh_shape(8, num_devices=256, devices_per_host=8) == (1, 32, 8)
+    assert partitioning.fsdp_tp_mesh_shape(8, num_devices=8, devices_per_host=4) == (1, 2, 4)
+    assert partitioning.fsdp_tp_mesh_shape(4, num_devices=6, devices_per_host=6) == (1, 3, 2)
+    assert partitioning.fsdp_tp_mesh_shape(8) == (1, 1, 8)  # this process: 8 fake CPU devices
     with pytest.raises(ValueError, match="model_parallelism"):
-        P.fsdp_tp_mesh_shape(0)
+        partitioning.fsdp_tp_mesh_shape(0)
 
 
 def test_cli_reads_model_run_and_sharding_preset_from_gin(capsys) -> None:
-    status = PL.main([
+    status = plan.main([
         "--gin_file=gin/models/tiny.gin", "--gin_file=gin/runs/quickstart.gin",
         "--gin_file=gin/sharding/fsdp_tp.gin", "--gin.fsdp_tp_mesh_shape.model_parallelism=4",
         "--num_devices=16", "--device_memory_gb=16", "--json",
@@ -265,8 +264,8 @@ def test_cli_reads_model_run_and_sharding_preset_from_gin(capsys) -> None:
     assert out["mesh"] == {"data": 1, "fsdp": 4, "model": 4}
     assert out["preset"] == "tensor_parallel_2d" and out["batch_size"] == 32
     assert out["sequence_length"] == {"inputs": 128, "targets": 32} and out["fits"]
-    status = PL.main(["--gin_file=gin/models/tiny.gin", "--gin_file=gin/runs/quickstart.gin",
-                      "--mesh=1,-1,1", "--num_devices=8", "--remat=full"])
+    status = plan.main(["--gin_file=gin/models/tiny.gin", "--gin_file=gin/runs/quickstart.gin",
+                        "--mesh=1,-1,1", "--num_devices=8", "--remat=full"])
     text = capsys.readouterr().out
     assert status == 0 and "mesh(data=1, fsdp=8, model=1)" in text
     assert "activations remat=full" in text and "<-" in text
@@ -274,11 +273,11 @@ def test_cli_reads_model_run_and_sharding_preset_from_gin(capsys) -> None:
 
 def test_cli_rejects_bad_meshes_and_batches(capsys) -> None:
     base = ["--gin_file=gin/models/tiny.gin", "--gin_file=gin/runs/quickstart.gin"]
-    assert PL.main([*base, "--mesh=3,-1,1", "--num_devices=8"]) == 2
+    assert plan.main([*base, "--mesh=3,-1,1", "--num_devices=8"]) == 2
     assert "not divisible by 3" in capsys.readouterr().err
-    assert PL.main([*base, "--mesh=1,-1,1", "--num_devices=64"]) == 2  # batch 32 < 64 shards
+    assert plan.main([*base, "--mesh=1,-1,1", "--num_devices=64"]) == 2  # batch 32 < 64 shards
     assert "batch_size=32 not divisible by 64 batch shards" in capsys.readouterr().err
-    assert PL.main([*base, "--mesh=1,-1,1"]) == 2
+    assert plan.main([*base, "--mesh=1,-1,1"]) == 2
     assert "give num_devices" in capsys.readouterr().err
 
 
@@ -287,25 +286,25 @@ def test_sharding_presets_exist_with_their_rules() -> None:
                          ("fsdp_tp", "tensor_parallel_2d")):
         text = (REPO / "gin" / "sharding" / f"{name}.gin").read_text()
         assert f"logical_axis_rules.preset = '{preset}'" in text
-        assert PL.preset_mesh(name, 64)[1] == preset
-    assert PL.preset_mesh("fsdp_tp", 64) == ((1, 8, 8), "tensor_parallel_2d")
+        assert plan.preset_mesh(name, 64)[1] == preset
+    assert plan.preset_mesh("fsdp_tp", 64) == ((1, 8, 8), "tensor_parallel_2d")
 
 
 def test_cli_names_the_flags_that_fit_and_they_do(capsys) -> None:
     base = ["--gin_file=gin/models/t5_1_1_base.gin", "--gin_file=gin/runs/pretrain.gin",
             "--num_devices=8", "--device_memory_gb=4"]
-    assert PL.main([*base, "--mesh=-1,1,1"]) == 1  # data parallel, no remat: ~10 GiB per device
+    assert plan.main([*base, "--mesh=-1,1,1"]) == 1  # data parallel, no remat: ~10 GiB per device
     advice = capsys.readouterr().out.strip().splitlines()[-1]
     assert advice.startswith("fits with data_parallel, remat=full")
     flags = advice.split("): ", 1)[1].split()
-    assert PL.main([*base, "--recommend"]) == 0
+    assert plan.main([*base, "--recommend"]) == 0
     reproduce = capsys.readouterr().out.strip().splitlines()[-1]
     assert reproduce == "reproduce with: " + " ".join(flags)
     # The named flags, applied, fit (exit 0) with the plan they promised.
-    assert PL.main([*base, *(f.replace('"', "") for f in flags), "--json"]) == 0
+    assert plan.main([*base, *(f.replace('"', "") for f in flags), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and out["remat"] == "full" and out["preset"] == "data_parallel"
-    assert PL.main([*base[:3], "--device_memory_gb=0.01", "--recommend"]) == 1
+    assert plan.main([*base[:3], "--device_memory_gb=0.01", "--recommend"]) == 1
     assert "nothing fits 0.01 GiB on 8 devices at batch 128" in capsys.readouterr().err
 
 
@@ -360,8 +359,8 @@ def test_cli_refuses_bad_numbers_at_once() -> None:
         assert "Traceback" not in proc.stderr and proc.stdout == ""
         assert seconds < 60, seconds  # nothing traced or searched (a 2-core CPU: ~2 s alone)
     with pytest.raises(ValueError, match="batch_size=0 must be >= 1"):
-        PL.plan(TransformerConfig(**TINY), batch_size=0, sequence_length=LENGTHS,
-                mesh_shape=(1, 1, 1))
+        plan.plan(TransformerConfig(**TINY), batch_size=0, sequence_length=LENGTHS,
+                  mesh_shape=(1, 1, 1))
     with pytest.raises(ValueError, match="num_devices=0 must be >= 1"):
-        PL.plan(TransformerConfig(**TINY), batch_size=8, sequence_length=LENGTHS,
-                mesh_shape=(-1, 1, 1), num_devices=0)
+        plan.plan(TransformerConfig(**TINY), batch_size=8, sequence_length=LENGTHS,
+                  mesh_shape=(-1, 1, 1), num_devices=0)

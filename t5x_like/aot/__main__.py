@@ -102,7 +102,7 @@ def _option_value(text: str) -> bool | int | float | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    from t5x_like import tf_setup
+    from t5x_like.runtime import tf_setup
 
     with tf_setup.drop_stderr_lines(STARTUP_NOISE):  # importing jax loads the plugins
         from t5x_like import gin_utils
@@ -119,12 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tf_setup.drop_stderr_lines(STARTUP_NOISE):  # backends and libtpu initialise here
         import jax
 
-        from t5x_like.aot import step as A
+        from t5x_like.aot import step
 
         jax.devices()
         try:
-            target = A.resolve_target(args.target, args.hbm_gb)
-        except A.TargetError as err:
+            target = step.resolve_target(args.target, args.hbm_gb)
+        except step.TargetError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
     log(f"[aot] target {target.description}")
@@ -135,13 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--xla_option {bad[0]!r}: expected KEY=VALUE")
         options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.xla_option)}
         gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
-        report = A.run_report(target, STEPS[args.step], gin_files=args.gin_file,
-                              bindings=bindings, with_plan=not args.no_plan, log=log,
-                              compiler_options=options, hlo_prefix=args.hlo_out)
+        report = step.run_report(target, STEPS[args.step], gin_files=args.gin_file,
+                                 bindings=bindings, with_plan=not args.no_plan, log=log,
+                                 compiler_options=options, hlo_prefix=args.hlo_out)
     except (ValueError, gin_utils.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(A.format_report(report), flush=True)
+    print(step.format_report(report), flush=True)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1, default=str)

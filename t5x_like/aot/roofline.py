@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import math
 import re
 from typing import Any
@@ -163,19 +162,115 @@ def _attention_flops(q_shape: str, k_shape: str, which: str) -> float:
 def kernels(text: str) -> list[Op]:
     """The ops the step runs, with counts (loops unrolled by their trip counts)."""
     comps, entry = parse_module(text)
-    ops: dict[str, Op] = {}
+    walk = _Walk(comps)
+    walk.computation(entry, 1)
+    return list(walk.ops.values())
 
-    def shapes_of(lines: list[str]) -> dict[str, str]:
-        out = {}
+
+def _shapes_of(lines: list[str]) -> dict[str, str]:
+    """Each instruction's result shape, by name."""
+    out = {}
+    for line in lines:
+        parts = _split_instruction(line)
+        if parts:
+            out[parts[0]] = parts[1]
+    return out
+
+
+def _param_accesses(lines: list[str]) -> tuple[dict[int, float | None], float | None]:
+    """Per parameter of a fused computation, the bytes it really reads (None: all of it), and
+    the bytes written when the root updates a parameter in place (None: the output)."""
+    parsed = [p for p in (_split_instruction(line) for line in lines) if p]
+    by_name = {p[0]: p for p in parsed}
+    params = {p[0]: int(re.search(r"parameter\((\d+)\)", f"{p[2]}({p[3]})").group(1))
+              for p in parsed if p[2] == "parameter"}
+    users: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+    for p in parsed:
+        for pos, operand in enumerate(re.findall(r"%([\w.\-]+)", p[3])):
+            users[operand].append((p[0], pos))
+    reads: dict[int, float | None] = {}
+    for name, index in params.items():
+        total = 0.0
+        for user, pos in users.get(name, []):
+            op = by_name[user]
+            if op[2] in ("dynamic-slice", "slice", "gather") and pos == 0:
+                total += shape_bytes(op[1])
+            elif op[2] == "dynamic-update-slice" and pos == 0:
+                continue  # aliased with the output, updated in place
+            else:
+                total = None
+                break
+        reads[index] = total
+    root = next((p for p in parsed if any(
+        line.lstrip().startswith(f"ROOT %{p[0]} ") for line in lines)), None)
+    written = None
+    if root and root[2] == "dynamic-update-slice":
+        update = re.findall(r"%([\w.\-]+)", root[3])[1]
+        written = shape_bytes(by_name[update][1]) if update in by_name else None
+    return reads, written
+
+
+class _Walk:
+    """A walk of an HLO module's computations from its entry: the kernels it runs, by name."""
+
+    def __init__(self, comps: dict[str, list[str]]) -> None:
+        self.comps = comps
+        self.ops: dict[str, Op] = {}
+        self._accesses: dict[str, tuple[dict[int, float | None], float | None]] = {}
+
+    def computation(self, comp: str, times: int) -> None:
+        """Count the kernels of ``comp``, run ``times`` times (loops and calls walked into)."""
+        lines = self.comps.get(comp, [])
+        shapes = _shapes_of(lines)
         for line in lines:
             parts = _split_instruction(line)
-            if parts:
-                out[parts[0]] = parts[1]
-        return out
+            if not parts or parts[2] in _FREE:
+                continue
+            name, _, opcode, _, attrs = parts
+            if opcode == "while":
+                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
+                body = re.search(r"body=%([\w.\-]+)", attrs)
+                if body:
+                    self.computation(body.group(1),
+                                     times * (int(trips.group(1)) if trips else 1))
+                continue
+            if opcode in ("call", "conditional", "async-start", "async-done"):
+                called = re.search(r"(?:to_apply|calls)=%([\w.\-]+)", attrs)
+                if called and opcode == "call":
+                    self.computation(called.group(1), times)
+                continue
+            if name in self.ops:
+                self.ops[name].count += times
+            else:
+                self.ops[name] = self.kernel(parts, shapes, times)
 
-    def fused_flops(comp: str) -> float:
-        lines = comps.get(comp, [])
-        local = shapes_of(lines)
+    def kernel(self, parts: tuple[str, ...], shapes: dict[str, str], times: int) -> Op:
+        """One kernel instruction's op: its FLOPs, the HBM bytes it moves, its kind."""
+        name, shape, opcode, operands, attrs = parts
+        operand_shapes = [shapes.get(n, "") for n in re.findall(r"%([\w.\-]+)", operands)]
+        io = shape_bytes(shape) + sum(shape_bytes(s) for s in operand_shapes)
+        called = re.search(r"calls=%([\w.\-]+)", attrs) if opcode == "fusion" else None
+        if called:  # slices read and in-place updates write only their part
+            io = self.fusion_bytes(called.group(1), operand_shapes, shape)
+        meta = re.search(r'op_name="([^"]*)"', attrs)
+        op_name = meta.group(1) if meta else ""
+        flops, kind = 0.0, "copy" if opcode in ("copy", "transpose") else "other"
+        if opcode == "fusion":
+            flops = self.fused_flops(called.group(1)) if called else 0.0
+            kind = "gemm" if flops else "fusion"
+        elif opcode in ("dot", "convolution"):
+            flops = _dot_flops(shape, operand_shapes[0] if operand_shapes else "", attrs)
+            kind = "gemm"
+        elif opcode == "custom-call":
+            target = re.search(r'custom_call_target="([^"]*)"', attrs)
+            flops, kind = _custom_call(target.group(1) if target else "", shape, operand_shapes,
+                                       attrs, op_name)
+        return Op(name, kind, flops, io, times, op_name)
+
+    def fused_flops(self, comp: str) -> float:
+        """The matrix-product FLOPs inside a fused (or called) computation."""
+        lines = self.comps.get(comp, [])
+        local = _shapes_of(lines)
         total = 0.0
         for line in lines:
             parts = _split_instruction(line)
@@ -184,100 +279,19 @@ def kernels(text: str) -> list[Op]:
                 total += _dot_flops(parts[1], local.get(lhs[0], "") if lhs else "", parts[4])
             elif parts and parts[2] in ("fusion", "call"):
                 called = re.search(r"calls=%([\w.\-]+)", parts[4])
-                total += fused_flops(called.group(1)) if called else 0.0
+                total += self.fused_flops(called.group(1)) if called else 0.0
         return total
 
-    @functools.cache
-    def accesses(comp: str) -> tuple[dict[int, float | None], float | None]:
-        """Per parameter of a fused computation, the bytes it really reads (None: all of it),
-        and the bytes written when the root updates a parameter in place (None: the output)."""
-        lines = comps.get(comp, [])
-        parsed = [p for p in (_split_instruction(line) for line in lines) if p]
-        by_name = {p[0]: p for p in parsed}
-        params = {p[0]: int(re.search(r"parameter\((\d+)\)", f"{p[2]}({p[3]})").group(1))
-                  for p in parsed if p[2] == "parameter"}
-        users: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
-        for p in parsed:
-            for pos, operand in enumerate(re.findall(r"%([\w.\-]+)", p[3])):
-                users[operand].append((p[0], pos))
-        reads: dict[int, float | None] = {}
-        for name, index in params.items():
-            total = 0.0
-            for user, pos in users.get(name, []):
-                op = by_name[user]
-                if op[2] in ("dynamic-slice", "slice", "gather") and pos == 0:
-                    total += shape_bytes(op[1])
-                elif op[2] == "dynamic-update-slice" and pos == 0:
-                    continue  # aliased with the output, updated in place
-                else:
-                    total = None
-                    break
-            reads[index] = total
-        root = next((p for p in parsed if any(
-            line.lstrip().startswith(f"ROOT %{p[0]} ") for line in lines)), None)
-        written = None
-        if root and root[2] == "dynamic-update-slice":
-            update = re.findall(r"%([\w.\-]+)", root[3])[1]
-            written = shape_bytes(by_name[update][1]) if update in by_name else None
-        return reads, written
-
-    def fusion_bytes(comp: str, operand_shapes: list[str], out_shape: str) -> float:
-        reads, written = accesses(comp)
+    def fusion_bytes(self, comp: str, operand_shapes: list[str], out_shape: str) -> float:
+        """HBM bytes of a fusion: the parts of its operands it reads, the part it writes."""
+        if comp not in self._accesses:
+            self._accesses[comp] = _param_accesses(self.comps.get(comp, []))
+        reads, written = self._accesses[comp]
         total = shape_bytes(out_shape) if written is None else written
         for i, shape in enumerate(operand_shapes):
             part = reads.get(i)
             total += shape_bytes(shape) if part is None else min(part, shape_bytes(shape))
         return total
-
-    def walk(comp: str, times: int) -> None:
-        lines = comps.get(comp, [])
-        shapes = shapes_of(lines)
-        for line in lines:
-            parts = _split_instruction(line)
-            if not parts or parts[2] in _FREE:
-                continue
-            name, shape, opcode, operands, attrs = parts
-            names = re.findall(r"%([\w.\-]+)", operands)
-            if opcode == "while":
-                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
-                body = re.search(r"body=%([\w.\-]+)", attrs)
-                if body:
-                    walk(body.group(1), times * (int(trips.group(1)) if trips else 1))
-                continue
-            if opcode in ("call", "conditional", "async-start", "async-done"):
-                called = re.search(r"(?:to_apply|calls)=%([\w.\-]+)", attrs)
-                if called and opcode == "call":
-                    walk(called.group(1), times)
-                continue
-            io = shape_bytes(shape) + sum(shape_bytes(shapes.get(n, "")) for n in names)
-            if opcode == "fusion":  # slices read and in-place updates write only their part
-                called = re.search(r"calls=%([\w.\-]+)", attrs)
-                if called:
-                    io = fusion_bytes(called.group(1), [shapes.get(n, "") for n in names],
-                                      shape)
-            meta = re.search(r'op_name="([^"]*)"', attrs)
-            op_name = meta.group(1) if meta else ""
-            flops, kind = 0.0, "copy" if opcode in ("copy", "transpose") else "other"
-            if opcode == "fusion":
-                called = re.search(r"calls=%([\w.\-]+)", attrs)
-                flops = fused_flops(called.group(1)) if called else 0.0
-                kind = "gemm" if flops else "fusion"
-            elif opcode in ("dot", "convolution"):
-                flops = _dot_flops(shape, shapes.get(names[0], "") if names else "", attrs)
-                kind = "gemm"
-            elif opcode == "custom-call":
-                target = re.search(r'custom_call_target="([^"]*)"', attrs)
-                target = target.group(1) if target else ""
-                flops, kind = _custom_call(target, shape, [shapes.get(n, "") for n in names],
-                                           attrs, op_name)
-            key = name
-            if key in ops:
-                ops[key].count += times
-            else:
-                ops[key] = Op(name, kind, flops, io, times, op_name)
-
-    walk(entry, 1)
-    return list(ops.values())
 
 
 def _custom_call(target: str, shape: str, operands: list[str], attrs: str,

@@ -170,9 +170,9 @@ class Run:
 
 
 def _gin(key: str, default: Any = None, **kwargs: Any) -> Any:
-    from t5x_like import plan as PL
+    from t5x_like import plan
 
-    return PL.gin_value(key, default, **kwargs)
+    return plan.gin_value(key, default, **kwargs)
 
 
 def build_run(target: Target) -> Run:
@@ -182,8 +182,7 @@ def build_run(target: Target) -> Run:
     `@fsdp_tp_mesh_shape()` sees the target's devices and devices per host, not this host's).
     """
     from t5x_like.models import TransformerConfig, make_model
-    from t5x_like.train import partitioning as P
-    from t5x_like.train import train_state as TS
+    from t5x_like.train import partitioning, train_state
     from t5x_like.train.optimizers import create_optimizer
 
     lengths = _gin("train.sequence_length")
@@ -196,18 +195,18 @@ def build_run(target: Target) -> Run:
     n = target.num_devices
     shape = _gin("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
                  devices_per_host=min(target.devices_per_host, n))
-    mesh = P.create_mesh(tuple(shape), devices=list(target.devices))
+    mesh = partitioning.create_mesh(tuple(shape), devices=list(target.devices))
     preset = _gin("logical_axis_rules.preset", "fsdp")
-    rules = P.logical_axis_rules(preset)
+    rules = partitioning.logical_axis_rules(preset)
     batch_size = int(_gin("train.batch_size", 128))
-    shards = P.batch_shard_count(mesh, rules)
+    shards = partitioning.batch_shard_count(mesh, rules)
     mb = int(_gin("train.num_microbatches", 1))
     if batch_size % (shards * mb):
         raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch "
-                         f"shards x {mb} microbatches of {P.describe(mesh)}")
+                         f"shards x {mb} microbatches of {partitioning.describe(mesh)}")
     pack = bool(_gin("train.pack", True))
-    state = TS.sharded_state(model, optimizer, model.example_batch(shards, lengths, packed=pack),
-                         mesh, rules)
+    state = train_state.sharded_state(
+        model, optimizer, model.example_batch(shards, lengths, packed=pack), mesh, rules)
     return Run(model=model, config=config, optimizer=optimizer,
                optimizer_name=str(_gin("create_optimizer.name", "adafactor")),
                batch_size=batch_size, sequence_length=dict(lengths), pack=pack,
@@ -219,9 +218,9 @@ def abstract_batch(run: Run) -> dict[str, Any]:
     """The global batch as ShapeDtypeStructs `[batch, length]`, sharded like the trainer's."""
     import jax
 
-    from t5x_like.train import partitioning as P
+    from t5x_like.train import partitioning
 
-    sharding = P.batch_sharding(run.mesh, run.rules)
+    sharding = partitioning.batch_sharding(run.mesh, run.rules)
     shapes = jax.eval_shape(lambda: run.model.example_batch(
         run.batch_size, run.sequence_length, packed=run.pack))
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
@@ -233,21 +232,23 @@ def lower_step(run: Run, which: str) -> Any:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like.train import train_step as S
+    from t5x_like.train import train_step
 
     batch = abstract_batch(run)
     if which == "train":
-        fn = S.jit_train_step(
-            S.make_train_step(run.model, run.optimizer, num_microbatches=run.num_microbatches,
-                              on_nonfinite=run.on_nonfinite),
+        fn = train_step.jit_train_step(
+            train_step.make_train_step(run.model, run.optimizer,
+                                       num_microbatches=run.num_microbatches,
+                                       on_nonfinite=run.on_nonfinite),
             run.state, run.mesh, run.rules)
         key = jax.eval_shape(jax.random.key, 0)
         rng = jax.ShapeDtypeStruct(key.shape, key.dtype,
                                    sharding=NamedSharding(run.mesh, PartitionSpec()))
         return fn.lower(run.state.abstract, batch, rng)
     if which == "eval":
-        fn = S.jit_eval_step(S.make_eval_step(run.model), run.state, run.mesh, run.rules)
-        return fn.lower(run.state.abstract["params"], batch)
+        fn = train_step.jit_eval_step(train_step.make_eval_step(run.model), run.state, run.mesh,
+                                      run.rules)
+        return fn.lower(run.state.abstract.params, batch)
     raise ValueError(f"step {which!r}: choose 'train' or 'eval'")
 
 
@@ -255,12 +256,12 @@ def lower_step(run: Run, which: str) -> Any:
 def kernel_target(target: Target) -> Iterator[None]:
     """Select the Pallas flash-attention kernel's target while lowering (its backend and block
     sizes otherwise follow this host's backend)."""
-    from t5x_like.kernels import flash as F  # noqa: N812
+    from t5x_like.kernels import flash
 
     if target.platform == "cpu":
         yield
         return
-    with F.compile_target("gpu" if target.platform == "cuda" else "tpu", target.arch):
+    with flash.compile_target("gpu" if target.platform == "cuda" else "tpu", target.arch):
         yield
 
 
@@ -417,12 +418,12 @@ def cost_report(compiled: Any) -> dict[str, Any]:
 
 def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
     """`t5x_like.plan.plan` for the same config, mesh, preset, optimizer and microbatches."""
-    from t5x_like import plan as PL
+    from t5x_like import plan
 
-    result = PL.plan(run.config, batch_size=run.batch_size, sequence_length=run.sequence_length,
-                     mesh_shape=run.mesh_shape, preset=run.preset, optimizer=run.optimizer,
-                     num_microbatches=run.num_microbatches, packed=run.pack,
-                     device_memory_gb=None if hbm_bytes is None else hbm_bytes / GIB)
+    result = plan.plan(run.config, batch_size=run.batch_size, sequence_length=run.sequence_length,
+                       mesh_shape=run.mesh_shape, preset=run.preset, optimizer=run.optimizer,
+                       num_microbatches=run.num_microbatches, packed=run.pack,
+                       device_memory_gb=None if hbm_bytes is None else hbm_bytes / GIB)
     b, remat = result["bytes_per_device"], result["remat"]
     return {
         "remat": remat,
@@ -467,19 +468,19 @@ def suggest_fit(run: Run, target: Target, planner_over_compiler: float | None = 
     bindings: `plan.recommend`'s order (data_parallel, fsdp, fsdp_tp; no remat, minimal, full;
     then doubling microbatches, i.e. a smaller per-device batch). The budget is scaled by this
     config's measured planner/compiler ratio, so the planner's known bias does not decide."""
-    from t5x_like import plan as PL
+    from t5x_like import plan
 
     if not target.hbm_bytes:
         return None
     scale = planner_over_compiler if planner_over_compiler and planner_over_compiler > 0 else 1.0
     budget_gb = target.hbm_bytes / GIB * scale
-    found = PL.recommend(run.config, num_devices=target.num_devices, batch_size=run.batch_size,
-                         sequence_length=run.sequence_length, device_memory_gb=budget_gb,
-                         optimizer=run.optimizer, devices_per_host=target.devices_per_host,
-                         headroom=headroom)
+    found = plan.recommend(run.config, num_devices=target.num_devices, batch_size=run.batch_size,
+                           sequence_length=run.sequence_length, device_memory_gb=budget_gb,
+                           optimizer=run.optimizer, devices_per_host=target.devices_per_host,
+                           headroom=headroom)
     if found is None:
         return None
-    bindings = PL.recommend_flags(found)
+    bindings = plan.recommend_flags(found)
     return {"sharding": found["sharding"], "remat": found["remat"],
             "num_microbatches": found["num_microbatches"],
             "per_device_batch": found["per_device_batch"],
@@ -565,13 +566,13 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
     (`hlo_prefix`: also write each step's optimised HLO to `<prefix>.<step>.hlo.txt.gz`)."""
     import jax
 
-    from t5x_like.train import partitioning as P
+    from t5x_like.train import partitioning
 
     out = log or (lambda s: print(s, file=sys.stderr, flush=True))
     if target.platform == "cuda":
         compiler_options = {**DEVICELESS_GPU_OPTIONS, **(compiler_options or {})}
     run = build_run(target)
-    out(f"[aot] {target.description}; {P.describe(run.mesh)}; rules {run.preset}")
+    out(f"[aot] {target.description}; {partitioning.describe(run.mesh)}; rules {run.preset}")
     cfg = run.config
     report: dict[str, Any] = {
         "target": {"name": target.name, "platform": target.platform,
@@ -581,7 +582,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
         "config": {"gin_files": list(gin_files), "bindings": list(bindings),
                    "family": run.model.family,
                    "num_params": sum(math.prod(a.shape) for a in
-                                     jax.tree.leaves(run.state.abstract["params"])),
+                                     jax.tree.leaves(run.state.abstract.params)),
                    "attention_impl": cfg.attention_impl, "remat": cfg.remat_policy,
                    "optimizer": run.optimizer_name, "batch_size": run.batch_size,
                    "num_microbatches": run.num_microbatches,

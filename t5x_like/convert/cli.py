@@ -51,8 +51,7 @@ import gin
 import numpy as np
 
 from t5x_like import flags
-from t5x_like.convert import interop
-from t5x_like.convert import param_tree as pt
+from t5x_like.convert import interop, param_tree
 from t5x_like.convert.interop import ConversionError
 from t5x_like.gin_utils import REPO_ROOT, quiet_gin_search
 from t5x_like.models.config import TransformerConfig
@@ -207,7 +206,7 @@ def hf_vocabulary(source: str) -> str | None:
 def write_tree(tree: dict[str, Any], path: str) -> str:
     """Writes a nested tree as `.npz` ('/' paths), `.msgpack` or an orbax PyTree dir."""
     if path.endswith(".npz"):
-        np.savez(path, **pt.flatten(tree))
+        np.savez(path, **param_tree.flatten(tree))
     elif path.endswith(".msgpack"):
         from flax import serialization
 
@@ -265,7 +264,7 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
         with open(gin_path, "w", encoding="utf-8") as f:
             f.write(gin_text(config, params_path, f"{args.source}:{args.input}", vocabulary))
         out = f"{params_path} + {gin_path}"
-    n = sum(int(np.prod(v.shape)) for v in pt.flatten(params).values())
+    n = sum(int(np.prod(v.shape)) for v in param_tree.flatten(params).values())
     return (f"converted {args.source}:{args.input} -> {args.target}:{out} "
             f"({config.family}, {n:,} parameters)")
 

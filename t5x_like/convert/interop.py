@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from t5x_like.convert import param_tree as pt
+from t5x_like import families
+from t5x_like.convert import param_tree
 from t5x_like.convert.param_tree import ConversionError
 from t5x_like.models.config import TransformerConfig
 
@@ -64,9 +65,9 @@ def _strip_wrappers(tree: Any) -> Any:
     return tree
 
 
-def _t5x_canonical(tree: Any, scan_axis: int) -> pt.Flat:
-    flat = pt.flatten(_strip_wrappers(tree))
-    return pt.unscan(flat, scan_axis) if pt.is_scanned(flat) else flat
+def _t5x_canonical(tree: Any, scan_axis: int) -> param_tree.Flat:
+    flat = param_tree.flatten(_strip_wrappers(tree))
+    return param_tree.unscan(flat, scan_axis) if param_tree.is_scanned(flat) else flat
 
 
 def config_from_t5x(tree: Any, *, scan_axis: int = 1, **overrides: Any) -> TransformerConfig:
@@ -92,7 +93,7 @@ def config_from_t5x(tree: Any, *, scan_axis: int = 1, **overrides: Any) -> Trans
         return len({p.split("/")[1] for p in flat if p.startswith(f"{stack}/layers_")})
 
     fields: dict[str, Any] = dict(
-        family="encoder_decoder" if enc_dec else "decoder_only",
+        family=(families.ENCODER_DECODER if enc_dec else families.DECODER_ONLY).name,
         vocab_size=vocab, emb_dim=emb,
         num_encoder_layers=count("encoder") if enc_dec else 0,
         num_decoder_layers=count("decoder"),
@@ -132,7 +133,7 @@ def from_t5x(
     canonical = _t5x_canonical(tree, scan_axis)
     if config is None:
         config = config_from_t5x(canonical)
-    return pt.to_ours(canonical, config, "T5X tree")
+    return param_tree.to_ours(canonical, config, "T5X tree")
 
 
 def to_t5x(
@@ -150,10 +151,10 @@ def to_t5x(
     encoder-decoder is written with its encoder spelled out (T5X has no shared variant).
     Our layout is `config`'s, or read off the tree when None.
     """
-    canonical = pt.ours_to_canonical(pt.flatten(params), config)
+    canonical = param_tree.ours_to_canonical(param_tree.flatten(params), config)
     if scan_layers:
-        canonical = pt.scan(canonical, scan_axis)
-    return canonical if flat else pt.unflatten(canonical)
+        canonical = param_tree.scan(canonical, scan_axis)
+    return canonical if flat else param_tree.unflatten(canonical)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +259,8 @@ def config_from_hf(hf_cfg: Mapping[str, Any], **overrides: Any) -> TransformerCo
             raise ConversionError(f"unsupported T5 feed_forward_proj {proj!r} (supported: "
                                   f"{sorted(_T5_ACTS_IN)}; HF's exact 'gelu' has no match here)")
         fields = dict(
-            family="encoder_decoder", vocab_size=hf_cfg["vocab_size"], emb_dim=hf_cfg["d_model"],
+            family=families.ENCODER_DECODER.name, vocab_size=hf_cfg["vocab_size"],
+            emb_dim=hf_cfg["d_model"],
             num_heads=hf_cfg["num_heads"], head_dim=hf_cfg["d_kv"], mlp_dim=hf_cfg["d_ff"],
             num_encoder_layers=hf_cfg["num_layers"],
             num_decoder_layers=hf_cfg.get("num_decoder_layers") or hf_cfg["num_layers"],
@@ -278,7 +280,7 @@ def config_from_hf(hf_cfg: Mapping[str, Any], **overrides: Any) -> TransformerCo
         heads = hf_cfg["num_attention_heads"]
         kv_heads = hf_cfg.get("num_key_value_heads") or heads
         fields = dict(
-            family="decoder_only", vocab_size=hf_cfg["vocab_size"],
+            family=families.DECODER_ONLY.name, vocab_size=hf_cfg["vocab_size"],
             emb_dim=hf_cfg["hidden_size"], num_heads=heads,
             num_kv_heads=None if kv_heads == heads else kv_heads,
             head_dim=hf_cfg.get("head_dim") or hf_cfg["hidden_size"] // heads,
@@ -296,7 +298,7 @@ def config_from_hf(hf_cfg: Mapping[str, Any], **overrides: Any) -> TransformerCo
 
 
 #: The Hugging Face architecture each exportable family maps to (prefix_lm has none).
-_HF_KINDS = {"encoder_decoder": "t5", "decoder_only": "llama"}
+_HF_KINDS = {families.ENCODER_DECODER.name: "t5", families.DECODER_ONLY.name: "llama"}
 
 
 def _hf_kind(config: TransformerConfig) -> str:
@@ -466,7 +468,7 @@ def from_hf(
         if "lm_head.weight" not in state:  # tie_word_embeddings: HF does not rescale
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         names = _llama_names(config)
-    canonical: pt.Flat = {}
+    canonical: param_tree.Flat = {}
     for hf_name, ours, transpose in names:
         if hf_name not in state:
             raise ConversionError(f"missing Hugging Face parameter {hf_name!r} (for {ours!r})")
@@ -474,16 +476,17 @@ def from_hf(
         canonical[ours] = value.T if transpose else value
     if state:
         raise ConversionError(f"unknown Hugging Face parameters: {sorted(state)}")
-    expected = pt.param_shapes(config.replace(scan_layers=False, shared_encoder_decoder=False))
-    pt.check_shapes(canonical, expected, "Hugging Face checkpoint")
-    return config, pt.to_ours(canonical, config, "Hugging Face checkpoint")
+    expected = param_tree.param_shapes(config.replace(scan_layers=False,
+                                                      shared_encoder_decoder=False))
+    param_tree.check_shapes(canonical, expected, "Hugging Face checkpoint")
+    return config, param_tree.to_ours(canonical, config, "Hugging Face checkpoint")
 
 
 def to_hf(config: TransformerConfig, params: Any) -> dict[str, np.ndarray]:
     """Our params -> a full Hugging Face state dict (numpy; tied matrices repeated so that
     `model.load_state_dict(..., strict=True)` works). See `hf_config` for the config."""
     kind = _hf_kind(config)
-    canonical = pt.ours_to_canonical(pt.flatten(params), config)
+    canonical = param_tree.ours_to_canonical(param_tree.flatten(params), config)
     if kind == "llama" and config.logits_via_embedding:
         # HF's tied Llama head is unscaled; ours divides by sqrt(emb_dim): export untied.
         embedding = canonical["decoder/token_embedder/embedding"]

@@ -119,7 +119,7 @@ def ours_to_canonical(flat: Flat, config: TransformerConfig | None = None) -> Fl
         shared = any(p.startswith("decoder/encoder_norm/") for p in flat)
     else:
         scanned = config.scan_layers
-        shared = config.has_encoder and config.shared_encoder_decoder
+        shared = config.shares_layers
     flat = unscan(flat, 0) if scanned else dict(flat)
     if not shared:
         return flat
@@ -141,7 +141,7 @@ def ours_to_canonical(flat: Flat, config: TransformerConfig | None = None) -> Fl
 def canonical_to_ours(flat: Flat, config: TransformerConfig) -> Flat:
     """Canonical T5X tree -> our layout for `config` (inverse of `ours_to_canonical`)."""
     flat = dict(flat)
-    if config.has_encoder and config.shared_encoder_decoder:
+    if config.shares_layers:
         for path in [p for p in flat if p.startswith("encoder/")]:
             value = flat.pop(path)
             m = _LAYER.match(path)

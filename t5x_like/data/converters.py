@@ -14,17 +14,18 @@ first target position). What they lack, written here:
   the targets only.
 
 `get_feature_converter(model_family, has_inputs, pack)` is the `model_family -> converter`
-mapping `get_dataset` uses.
+mapping `get_dataset` uses; the families themselves are `t5x_like.families`' records (one
+converter per family, checked at import).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import seqio
 import tensorflow as tf
 
-MODEL_FAMILIES = ("encoder_decoder", "decoder_only", "prefix_lm")
+from t5x_like import families
 
 
 # ----------------------------------------------------------------------------- packing
@@ -79,33 +80,11 @@ def _assign_rows(lengths, caps, fill, nseg, row_of_bin, next_row):
     return rows.stack(), offsets, segments.stack(), num_rows, fill, nseg, row_of_bin
 
 
-def pack_dataset(
-    dataset: tf.data.Dataset,
-    feature_lengths: Mapping[str, int],
-    *,
-    window: int = 128,
-    num_open_rows: int = 16,
-) -> tf.data.Dataset:
-    """Pack variable-length examples into rows of fixed length (with segment ids + positions).
-
-    Each feature k in `feature_lengths` (int32 [<= L_k]; longer ones are trimmed to L_k, as
-    seqio does) becomes k [L_k], k_segment_ids [L_k] (1, 2, ... per example, 0 = padding) and
-    k_positions [L_k] (0.. within each example); other features are dropped. Up to
-    `num_open_rows` rows stay open across the whole stream (a `scan` carries them from one
-    window of `window` examples to the next) and are flushed when the input ends. Examples
-    whose features are all empty hold no tokens and are dropped. Deterministic.
-    """
-    keys = sorted(feature_lengths)
-    caps = [int(feature_lengths[k]) for k in keys]
-    cap_of = {k + suffix: cap for k, cap in zip(keys, caps, strict=True)
-              for suffix in ("", "_segment_ids", "_positions")}
-    names = list(cap_of)
-    bins = num_open_rows
-
-    def trim(x: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        out = {k: tf.cast(x[k][:cap], tf.int32) for k, cap in zip(keys, caps, strict=True)}
-        out["_lengths"] = tf.stack([tf.size(out[k]) for k in keys])
-        return out
+def _pack_step(keys: list[str], caps: list[int], names: list[str], bins: int
+               ) -> Callable[[dict, dict], tuple[dict, dict]]:
+    """`pack_dataset`'s `scan` step: assigns one window of examples to rows (`_assign_rows`),
+    scatters their tokens, segment ids and positions into place, emits the rows that closed
+    and carries the `bins` open ones (all of them at the final flush)."""
 
     def step(state, batch):
         rows, offsets, segments, num_rows, fill, nseg, row_of_bin = _assign_rows(
@@ -147,6 +126,37 @@ def pack_dataset(
         new_state["open"] = still_open
         return new_state, {name: tf.boolean_mask(dense[name], emit) for name in names}
 
+    return step
+
+
+def pack_dataset(
+    dataset: tf.data.Dataset,
+    feature_lengths: Mapping[str, int],
+    *,
+    window: int = 128,
+    num_open_rows: int = 16,
+) -> tf.data.Dataset:
+    """Pack variable-length examples into rows of fixed length (with segment ids + positions).
+
+    Each feature k in `feature_lengths` (int32 [<= L_k]; longer ones are trimmed to L_k, as
+    seqio does) becomes k [L_k], k_segment_ids [L_k] (1, 2, ... per example, 0 = padding) and
+    k_positions [L_k] (0.. within each example); other features are dropped. Up to
+    `num_open_rows` rows stay open across the whole stream (a `scan` carries them from one
+    window of `window` examples to the next) and are flushed when the input ends. Examples
+    whose features are all empty hold no tokens and are dropped. Deterministic.
+    """
+    keys = sorted(feature_lengths)
+    caps = [int(feature_lengths[k]) for k in keys]
+    cap_of = {k + suffix: cap for k, cap in zip(keys, caps, strict=True)
+              for suffix in ("", "_segment_ids", "_positions")}
+    names = list(cap_of)
+    bins = num_open_rows
+
+    def trim(x: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        out = {k: tf.cast(x[k][:cap], tf.int32) for k, cap in zip(keys, caps, strict=True)}
+        out["_lengths"] = tf.stack([tf.size(out[k]) for k in keys])
+        return out
+
     initial = {name: tf.zeros([bins, cap_of[name]], tf.int32) for name in names}
     initial.update(fill=tf.zeros([bins, len(keys)], tf.int32), nseg=tf.zeros([bins], tf.int32),
                    open=tf.zeros([bins], tf.bool))
@@ -159,7 +169,7 @@ def pack_dataset(
     flush = {k: tf.zeros([0, cap], tf.int32) for k, cap in zip(keys, caps, strict=True)}
     flush.update(_lengths=tf.zeros([0, len(keys)], tf.int32), _flush=tf.constant(True))
     ds = ds.concatenate(tf.data.Dataset.from_tensors(flush))
-    ds = ds.scan(initial, step).unbatch()
+    ds = ds.scan(initial, _pack_step(keys, caps, names, bins)).unbatch()
 
     def set_shapes(x: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         for name in names:
@@ -213,11 +223,12 @@ class ConcatLMFeatureConverter(PrefixLMFeatureConverter):
 
 #: (model family, task has inputs) -> converter; the missing pairs have no converter.
 _CONVERTERS: dict[tuple[str, bool], type[seqio.FeatureConverter]] = {
-    ("encoder_decoder", True): EncDecFeatureConverter,
-    ("prefix_lm", True): PrefixLMFeatureConverter,
-    ("decoder_only", True): ConcatLMFeatureConverter,
-    ("decoder_only", False): LMFeatureConverter,
+    (families.ENCODER_DECODER.name, True): EncDecFeatureConverter,
+    (families.PREFIX_LM.name, True): PrefixLMFeatureConverter,
+    (families.DECODER_ONLY.name, True): ConcatLMFeatureConverter,
+    (families.DECODER_ONLY.name, False): LMFeatureConverter,
 }
+assert {name for name, _ in _CONVERTERS} == set(families.NAMES), "a family has no converter"
 
 
 def get_feature_converter(
@@ -229,15 +240,16 @@ def get_feature_converter(
     PrefixLMFeatureConverter (needs inputs); decoder_only -> LMFeatureConverter for
     targets-only tasks, ConcatLMFeatureConverter for tasks with inputs.
     """
-    if model_family not in MODEL_FAMILIES:
+    if model_family not in families.NAMES:
         raise ValueError(
-            f"Unknown model_family {model_family!r}; expected one of {MODEL_FAMILIES}."
+            f"Unknown model_family {model_family!r}; expected one of {families.NAMES}."
         )
     cls = _CONVERTERS.get((model_family, has_inputs))
     if cls is None:
         raise ValueError(
             f"model_family={model_family!r} needs a task with inputs; this task has only "
-            "'targets' (a plain language-modelling task). Use model_family='decoder_only', or "
+            "'targets' (a plain language-modelling task). Use "
+            f"model_family={families.DECODER_ONLY.name!r}, or "
             "the prefix_lm objective for an inputs/targets split."
         )
     # seqio's per-example length assertions are redundant here (tasks trim to the lengths and

@@ -23,9 +23,11 @@ Kinds (the names the objectives and gin files use):
 
 from __future__ import annotations
 
-import tensorflow as tf
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
-MASK_KINDS = ("iid", "random_spans", "prefix", "full", "none")
+import tensorflow as tf
 
 
 def num_noise_tokens(length: int, noise_density: float) -> int:
@@ -154,6 +156,72 @@ def no_noise_mask(length: tf.Tensor) -> tf.Tensor:
     return tf.zeros([length], tf.bool)
 
 
+# ----------------------------------------------------------------------------- the kinds
+Profile = tuple[int, int, int]  # (noise tokens, noise spans, trailing non-noise) of a chunk
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskKind:
+    """One kind, in the one place that knows it: how it draws a mask inside the pipeline, and
+    the shapes (`Profile`s) a chunk of t >= 1 tokens can take, which `objectives.py` turns into
+    chunk and feature lengths. A `bounded` kind's noise count is a range the objective sets
+    from its token budgets (`prefix`: the suffix must fit the transforms' budgets)."""
+
+    draw: Callable[[tf.Tensor, tf.Tensor, float | None, float, Any, Any], tf.Tensor]
+    # (length, seed, noise_density, mean_noise_span_length, min_noise, max_noise) -> bool [length]
+    profiles: Callable[[int, float | None, float, Callable[[], tuple[int, int]]], list[Profile]]
+    # (t, noise_density, mean_noise_span_length, bounds() -> (min, max) noise) -> profiles
+    needs_density: bool = False
+    bounded: bool = False
+
+
+def _iid_profiles(t: int, density: float | None, _span: float, _bounds) -> list[Profile]:
+    n = num_noise_tokens(t, density)
+    if n == 0:
+        return [(0, 0, 1)]
+    return [(n, min(n, t - n + 1), 0), (n, min(n, t - n), 1)]  # ends in noise or not
+
+
+def _spans_profiles(t: int, density: float | None, span: float, _bounds) -> list[Profile]:
+    n = num_noise_tokens(t, density)
+    return [(n, num_noise_spans(t, n, span), 1 if n == 0 else 0)]
+
+
+def _prefix_profiles(t: int, density: float | None, _span: float, bounds) -> list[Profile]:
+    if t < 2:
+        return [(0, 0, 1)]
+    if density is not None:
+        return [(num_noise_tokens(t, density), 1, 0)]
+    low, high = bounds()
+    return [(n, 1, 0) for n in {low, high}]
+
+
+MASKS: dict[str, MaskKind] = {
+    "iid": MaskKind(
+        lambda length, seed, density, _span, _lo, _hi: iid_noise_mask(
+            length, _density("iid", density), seed),
+        _iid_profiles, needs_density=True),
+    "random_spans": MaskKind(
+        lambda length, seed, density, span, _lo, _hi: random_spans_noise_mask(
+            length, _density("random_spans", density), span, seed),
+        _spans_profiles, needs_density=True),
+    "prefix": MaskKind(
+        lambda length, seed, density, _span, low, high: prefix_noise_mask(
+            length, seed, density, low, high),
+        _prefix_profiles, bounded=True),
+    "full": MaskKind(lambda length, *_: full_noise_mask(length), lambda t, *_: [(t, 1, 0)]),
+    "none": MaskKind(lambda length, *_: no_noise_mask(length), lambda t, *_: [(0, 0, 1)]),
+}
+MASK_KINDS = tuple(MASKS)
+
+
+def mask_kind(kind: str) -> MaskKind:
+    """The record of `kind`; an unknown name is an error naming the known ones."""
+    if kind not in MASKS:
+        raise ValueError(f"Unknown noise mask kind {kind!r}; expected one of {MASK_KINDS}.")
+    return MASKS[kind]
+
+
 def noise_mask(
     kind: str,
     length: tf.Tensor,
@@ -164,20 +232,9 @@ def noise_mask(
     min_noise: tf.Tensor | int = 1,
     max_noise: tf.Tensor | int | None = None,
 ) -> tf.Tensor:
-    """Dispatch on `kind` (one of `MASK_KINDS`). Returns bool [length]."""
-    if kind == "iid":
-        return iid_noise_mask(length, _density(kind, noise_density), seed)
-    if kind == "random_spans":
-        return random_spans_noise_mask(
-            length, _density(kind, noise_density), mean_noise_span_length, seed
-        )
-    if kind == "prefix":
-        return prefix_noise_mask(length, seed, noise_density, min_noise, max_noise)
-    if kind == "full":
-        return full_noise_mask(length)
-    if kind == "none":
-        return no_noise_mask(length)
-    raise ValueError(f"Unknown noise mask kind {kind!r}; expected one of {MASK_KINDS}.")
+    """The mask of `kind` (one of `MASK_KINDS`) for a chunk of `length`. Returns bool [length]."""
+    return mask_kind(kind).draw(
+        length, seed, noise_density, mean_noise_span_length, min_noise, max_noise)
 
 
 def _density(kind: str, noise_density: float | None) -> float:

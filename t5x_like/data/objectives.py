@@ -230,19 +230,28 @@ class Objective:
     raw_length: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mask not in noise.MASK_KINDS:
-            raise ValueError(f"Unknown mask {self.mask!r}; expected one of {noise.MASK_KINDS}.")
+        kind = noise.mask_kind(self.mask)  # an unknown mask is an error here
         for name in (self.inputs_transform, self.targets_transform):
             if name is not None and name not in TRANSFORMS:
                 raise ValueError(
                     f"Unknown transform {name!r}; expected one of {sorted(TRANSFORMS)}."
                 )
-        if self.mask in ("iid", "random_spans") and not 0 < (self.noise_density or 0) < 1:
+        if kind.needs_density and not 0 < (self.noise_density or 0) < 1:
             raise ValueError(f"mask {self.mask!r} needs 0 < noise_density < 1.")
 
     @property
     def has_inputs(self) -> bool:
         return self.inputs_transform is not None
+
+    @property
+    def bounded(self) -> bool:
+        """The mask's noise count is a range set from the token budgets (`MaskKind.bounded`)."""
+        return noise.mask_kind(self.mask).bounded
+
+    @property
+    def uniform_split(self) -> bool:
+        """A bounded mask with no density: the split point is uniform over the whole range."""
+        return self.bounded and self.noise_density is None
 
     @property
     def uses_sentinels(self) -> bool:
@@ -264,25 +273,9 @@ class Objective:
         """Possible (noise tokens, noise spans, trailing non-noise) of a chunk of length t."""
         if t <= 0:
             return [(0, 0, 0)]
-        if self.mask == "none":
-            return [(0, 0, 1)]
-        if self.mask == "full":
-            return [(t, 1, 0)]
-        if self.mask == "random_spans":
-            n = noise.num_noise_tokens(t, self.noise_density)
-            s = noise.num_noise_spans(t, n, self.mean_noise_span_length)
-            return [(n, s, 1 if n == 0 else 0)]
-        if self.mask == "iid":
-            n = noise.num_noise_tokens(t, self.noise_density)
-            if n == 0:
-                return [(0, 0, 1)]
-            return [(n, min(n, t - n + 1), 0), (n, min(n, t - n), 1)]
-        if t < 2:
-            return [(0, 0, 1)]
-        if self.noise_density is not None:
-            return [(noise.num_noise_tokens(t, self.noise_density), 1, 0)]
-        low, high = self._prefix_bounds(t, budgets)
-        return [(n, 1, 0) for n in {low, high}]
+        return noise.mask_kind(self.mask).profiles(
+            t, self.noise_density, self.mean_noise_span_length,
+            lambda: self._prefix_bounds(t, budgets))
 
     def _prefix_bounds(self, t: int | tf.Tensor, budgets: tuple[int, int], maximum=max,
                        minimum=min) -> tuple:
@@ -318,7 +311,7 @@ class Objective:
         return (inputs + 1 + num_prefix if self.has_inputs else 0), targets + 1
 
     def _fits(self, t: int, sequence_length: Mapping[str, int], num_prefix: int) -> bool:
-        if self.mask == "prefix" and self.noise_density is None and t >= 2:
+        if self.uniform_split and t >= 2:
             low, high = self._prefix_bounds(t, self._budgets(sequence_length, num_prefix))
             if low > high:
                 return False
@@ -334,7 +327,7 @@ class Objective:
         """
         if self.raw_length is not None:
             limit = self.raw_length
-        elif self.mask == "prefix" and self.noise_density is None and self.has_inputs:
+        elif self.uniform_split and self.has_inputs:
             limit = max(sequence_length["inputs"] - num_prefix, sequence_length["targets"]) - 2
         else:
             limit = sum(sequence_length.values())
@@ -360,7 +353,7 @@ def default_sequence_length(objective: Objective, inputs_length: int = 512) -> d
     """
     if not objective.has_inputs:
         return {"targets": inputs_length}
-    if objective.mask == "prefix" and objective.noise_density is None:
+    if objective.uniform_split:
         return {"inputs": inputs_length, "targets": inputs_length}
     unbounded = {"inputs": inputs_length, "targets": 4 * inputs_length + 4}
     raw = objective.chunk_length(unbounded)
@@ -433,7 +426,7 @@ def _apply_objective(
     seeds = tf.random.experimental.stateless_split(seed, 3)
     length = tf.size(chunk)
     min_noise, max_noise = 1, None
-    if objective.mask == "prefix":
+    if objective.bounded:
         min_noise, max_noise = objective._prefix_bounds(length, budgets, tf.maximum, tf.minimum)
     mask = noise.noise_mask(
         objective.mask,

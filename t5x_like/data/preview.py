@@ -23,8 +23,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import flags
-from t5x_like.data import objectives as O
-from t5x_like.data import tasks
+from t5x_like.data import objectives, tasks
 from t5x_like.data.vocab import get_vocabulary
 
 
@@ -105,7 +104,8 @@ def preview_task(
         raise ValueError(f"{task!r} is a supervised downstream task (no objective to show); "
                          "see t5x_like.data.downstream.load_examples(name, split).")
     vocab = tasks.get_task(task, vocabulary).output_features["targets"].vocabulary
-    lengths = dict(sequence_length or O.default_sequence_length(objective, inputs_length))
+    lengths = dict(sequence_length
+                   or objectives.default_sequence_length(objective, inputs_length))
     if not objective.has_inputs:
         lengths = {"targets": sum(lengths.values())} if "inputs" in lengths else lengths
     features = {k: seqio.Feature(vocab) for k in ("inputs", "targets")}
@@ -115,7 +115,7 @@ def preview_task(
     for doc_offset, tokens in enumerate(docs.take(64).as_numpy_iterator()):
         one = tf.data.Dataset.from_tensors({"targets": tf.constant(tokens, tf.int32)})
         with seqio.utils.map_seed_manager(seed + doc_offset):
-            examples = O.denoise(one, lengths, features, objective, keep_noise_mask=True)
+            examples = objectives.denoise(one, lengths, features, objective, keep_noise_mask=True)
         for k, ex in enumerate(examples.as_numpy_iterator()):
             chunk, mask = ex["chunk"].tolist(), ex["noise_mask"].tolist()
             inputs = ex["inputs"].tolist() if "inputs" in ex else None

@@ -43,10 +43,10 @@ import gin
 import seqio
 import tensorflow as tf
 
-from t5x_like import tf_setup
 from t5x_like.data import converters, tokenize
 from t5x_like.data.objectives import Objective, denoise
 from t5x_like.data.vocab import DEFAULT_VOCABULARY
+from t5x_like.runtime import tf_setup
 
 CORPORA = ("c4like", "c4")
 IN_MEMORY_CORPORA = ("c4like",)  # small enough to keep tokenized in memory

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from t5x_like.kernels import _flash_common as fc
+from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels._flash_common import FlashConfig, dot
 
 MIB = 2**20
@@ -102,7 +102,7 @@ def _call(cfg: FlashConfig, kernel, *, footprint: int, cost: pl.CostEstimate, **
 def visited_fraction(cfg: FlashConfig) -> float:
     """Share of the (q block, k block) tiles a kernel computes: 1, or under a plain causal mask
     only the tiles on or below the diagonal (prefix / segment skipping is data-dependent)."""
-    return 1.0 if cfg.has_prefix else fc.visited_tiles(cfg) / (cfg.nq * cfg.nk)
+    return 1.0 if cfg.has_prefix else common.visited_tiles(cfg) / (cfg.nq * cfg.nk)
 
 
 def _cost(cfg: FlashConfig, batch: int, matmuls: int, exps: int, arrays: list) -> pl.CostEstimate:
@@ -185,9 +185,9 @@ def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
     bias = r["bias"][...] if cfg.has_bias else None
     needed = jnp.bool_(True)
     if cfg.causal:
-        needed = j < fc.causal_k_blocks(cfg, q0, plen)
+        needed = j < common.causal_k_blocks(cfg, q0, plen)
     if cfg.has_seg:
-        needed &= fc.segments_overlap(_segment_range(r["qseg"][...]),
+        needed &= common.segments_overlap(_segment_range(r["qseg"][...]),
                                       _segment_range(r["kseg"][...]))
     return (q_idx, k_idx, qseg, kseg, pq, pk, tab, bias), needed
 
@@ -198,7 +198,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
 
     @pl.when(j == 0)
     def _init():
-        r["m"][...] = jnp.full(r["m"].shape, fc.NEG_INF, jnp.float32)
+        r["m"][...] = jnp.full(r["m"].shape, common.NEG_INF, jnp.float32)
         r["l"][...] = jnp.zeros(r["l"].shape, jnp.float32)
         r["acc"][...] = jnp.zeros(r["acc"].shape, jnp.float32)
 
@@ -207,10 +207,10 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     @pl.when(needed)
     def _compute():
         q, k, v = r["q"][...], r["k"][...], r["v"][...]
-        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
+        s, _ = common.logits_tile(cfg, dot(q, k, tb=True), *tile)
         m = r["m"][:, 0]
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == fc.NEG_INF, 0.0, m_new)
+        m_safe = jnp.where(m_new == common.NEG_INF, 0.0, m_new)
         alpha = jnp.exp(m - m_safe)
         p = jnp.exp(s - m_safe[:, None])
         r["l"][...] = (r["l"][:, 0] * alpha + jnp.sum(p, axis=1))[:, None]
@@ -238,7 +238,7 @@ def _to_head_major(x: jax.Array) -> jax.Array:
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, 1, Lq_pad] f32 (lane-major rows)."""
     batch, heads, bq, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.head_dim_pad
-    names = ["q", "k", "v"] + fc.side_names(cfg)
+    names = ["q", "k", "v"] + common.side_names(cfg)
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
             **_side_arrays(cfg, side)}
     specs = _specs(cfg, q_outer=True)
@@ -287,7 +287,7 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
     @pl.when(needed)
     def _compute():
         q, k, v, do = r["q"][...], r["k"][...], r["v"][...], r["do"][...]
-        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
+        s, _ = common.logits_tile(cfg, dot(q, k, tb=True), *tile)
         p = jnp.exp(s - _column(r["lse"]))
         r["dv_acc"][...] += dot(p.astype(do.dtype), do, ta=True)
         ds = p * (dot(do, v, tb=True) - _column(r["delta"]))
@@ -305,7 +305,7 @@ def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Ar
     Each bucket's sum is one whole-tile reduction and the result stays 2-D: reducing a
     row-reduced vector again lowers to a sublane gather (not on TPU v4).
     """
-    lo, hi = fc.bucket_range(bucket)
+    lo, hi = common.bucket_range(bucket)
     ids = jax.lax.broadcasted_iota(jnp.int32, (1, cfg.num_buckets_pad), 1)
 
     def body(n, acc):
@@ -333,7 +333,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
     @pl.when(needed)
     def _compute():
         q, k, v, do = r["q"][...], r["k"][...], r["v"][...], r["do"][...]
-        s, bucket = fc.logits_tile(cfg, dot(q, k, tb=True), *tile)
+        s, bucket = common.logits_tile(cfg, dot(q, k, tb=True), *tile)
         p = jnp.exp(s - _column(r["lse"]))
         ds = p * (dot(do, v, tb=True) - _column(r["delta"]))
         r["dq_acc"][...] += dot(ds.astype(k.dtype), k)
@@ -360,7 +360,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
             "do": _to_head_major(do), "lse": lse, "delta": delta[:, :, None, :],
             **_side_arrays(cfg, side)}
-    names = ["q", "k", "v", "do", "lse", "delta"] + fc.side_names(cfg)
+    names = ["q", "k", "v", "do", "lse", "delta"] + common.side_names(cfg)
 
     kspecs = _specs(cfg, q_outer=False)
     per_head = jax.ShapeDtypeStruct((batch, heads, cfg.lk_pad, d), jnp.float32)

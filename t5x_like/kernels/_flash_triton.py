@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from t5x_like.kernels import _flash_common as fc
+from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels._flash_common import FlashConfig, dot
 
 
@@ -38,7 +38,7 @@ def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEs
     q, dO tiles; dQ 3 matmuls reading k, v tiles. The owned block is read/written once.
     """
     bq, bk, d = cfg.block_q, cfg.block_k, cfg.head_dim_pad
-    tiles = fc.visited_tiles(cfg) * batch * cfg.num_heads
+    tiles = common.visited_tiles(cfg) * batch * cfg.num_heads
     matmuls = {"fwd": 2, "dkdv": 4, "dq": 3}[kernel]
     streamed = 2 * (bq if kernel == "dkdv" else bk) * d * itemsize  # two [block, d] per tile
     rel = bq * bk * 4 if cfg.has_rel else 0
@@ -67,7 +67,7 @@ def _rel_bands(cfg: FlashConfig, table: jax.Array) -> tuple[jax.Array, jax.Array
     width = _offset_row_width(cfg)
     x = jnp.arange(width, dtype=jnp.int32)[None, :]
     rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
-    bucketband = fc.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
+    bucketband = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
     bucketband = bucketband.reshape(cfg.block_q, width)
     relband = jnp.take(table.astype(jnp.float32), bucketband, axis=1)
     return relband, bucketband
@@ -141,7 +141,7 @@ def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array, q0, k0) -
     (one bucket) pay one masked row sum. Row sums stay within a warp: no reduction across warps,
     and no barrier, inside the loop. Deterministic: no atomics.
     """
-    lo, hi = fc.tile_bucket_bounds(cfg, q0, k0)
+    lo, hi = common.tile_bucket_bounds(cfg, q0, k0)
     ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)[None, :]
     acc = jnp.zeros((cfg.block_q, cfg.num_buckets_pad), jnp.float32)
     for n in range(cfg.num_buckets):
@@ -196,7 +196,7 @@ def _q_loop_state(cfg: FlashConfig, r: dict, q0):
     qseg = r["qseg"][...] if cfg.has_seg else None
     pq = r["pq"][...] if cfg.has_prefix else None
     plen = r["plen"][...] if cfg.has_prefix else None
-    lo, hi = 0, (fc.causal_k_blocks(cfg, q0, plen) if cfg.causal else cfg.nk)
+    lo, hi = 0, (common.causal_k_blocks(cfg, q0, plen) if cfg.causal else cfg.nk)
     if cfg.has_seg:  # only k blocks sharing a segment with this q block
         lo, hi = r["klo"][...], jnp.minimum(hi, r["khi"][...])
     return q_idx, qseg, pq, lo, hi
@@ -224,10 +224,10 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
         k = r["k"][ks, :]
         v = r["v"][ks, :]
         rel = _rel_tile(cfg, r, q0, j * cfg.block_k, "relband") if cfg.has_rel else None
-        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
+        s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
                               bias, rel)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == fc.NEG_INF, 0.0, m_new)
+        m_safe = jnp.where(m_new == common.NEG_INF, 0.0, m_new)
         alpha = jnp.exp(m - m_safe)
         p = jnp.exp(s - m_safe[:, None])
         denom_new = denom * alpha + jnp.sum(p, axis=1)
@@ -236,7 +236,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
 
     bq, d = cfg.block_q, cfg.head_dim_pad
     init = (
-        jnp.full((bq,), fc.NEG_INF, jnp.float32),
+        jnp.full((bq,), common.NEG_INF, jnp.float32),
         jnp.zeros((bq,), jnp.float32),
         jnp.zeros((bq, d), jnp.float32),
     )
@@ -262,7 +262,7 @@ def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32."""
     batch = q.shape[0]
-    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + fc.side_names(cfg))
+    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + common.side_names(cfg))
     names = _only(names, "bucketband", "qlo", "qhi")
     specs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     out_shape = (
@@ -292,7 +292,7 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
     k_idx = k0 + jnp.arange(cfg.block_k, dtype=jnp.int32)
     kseg = r["kseg"][...] if cfg.has_seg else None
     pk = r["pk"][...] if cfg.has_prefix else None
-    lo = fc.causal_first_q_block(cfg, k0, r["plen"][...] if cfg.has_prefix else None) \
+    lo = common.causal_first_q_block(cfg, k0, r["plen"][...] if cfg.has_prefix else None) \
         if cfg.causal else 0
     hi = cfg.nq
     if cfg.has_seg:  # only q blocks sharing a segment with this k block
@@ -311,7 +311,7 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
         lse = r["lse"][qs]
         delta = r["delta"][qs]
         rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
-        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
+        s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
                               bias, rel)
         p = jnp.exp(s - lse[:, None])
         dv = dv + dot(p.astype(do.dtype), do, ta=True)
@@ -352,7 +352,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         k0 = j * cfg.block_k
         rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
         bucket = _rel_tile(cfg, r, q0, k0, "bucketband") if cfg.has_rel else None
-        s, _ = fc.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
+        s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
                               bias, rel)
         p = jnp.exp(s - lse[:, None])
         ds = p * (dot(do, v, tb=True) - delta[:, None])
@@ -380,7 +380,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
     delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
     side, names = _gpu_side(cfg, side, ["q", "k", "v", "do", "lse", "delta"]
-                            + fc.side_names(cfg))
+                            + common.side_names(cfg))
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
     dkdv_names = _only(names, "bucketband", "klo", "khi")
     names = _only(names, "qlo", "qhi")

@@ -342,6 +342,34 @@ def flash_attention(
     lq_pad, lk_pad = -(-lq // max(bq, bwd[0])) * max(bq, bwd[0]), \
         -(-lk // max(bk, bwd[1])) * max(bk, bwd[1])
 
+    side, has_seg, num_buckets, nb_pad = _side_inputs(
+        q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq, lk, lq_pad, lk_pad)
+    cfg = FlashConfig(
+        backend=backend, interpret=bool(interpret), causal=bool(causal), has_seg=has_seg,
+        has_prefix=prefix_mask is not None, has_rel=rel_bias is not None,
+        has_bias=bias is not None,
+        bias_batch=bias.shape[0] if bias is not None else 1,
+        bias_heads=bias.shape[1] if bias is not None else 1,
+        sm_scale=float(sm_scale), block_q=bq, block_k=bk, lq=lq, lk=lk, lq_pad=lq_pad,
+        lk_pad=lk_pad, head_dim_pad=dp, num_heads=h, group=h // hkv, num_buckets=num_buckets,
+        num_buckets_pad=nb_pad, rel_bidirectional=bool(rel_bidirectional),
+        rel_max_distance=int(rel_max_distance), kv_pad_mask=(lk_pad != lk) and not has_seg,
+        num_warps=warps, num_stages=stages, bwd_block_q=bwd[0], bwd_block_k=bwd[1],
+        bwd_num_warps=bwd[2], bwd_num_stages=bwd[3],
+    )
+    qp = _pad_axis(_pad_axis(q, 1, lq_pad), 3, dp)
+    kp = _pad_axis(_pad_axis(k, 1, lk_pad), 3, dp)
+    vp = _pad_axis(_pad_axis(v, 1, lk_pad), 3, dp)
+    out = _flash_core(cfg, qp, kp, vp, side)
+    return out[:, :lq, :, :d]
+
+
+def _side_inputs(q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq: int, lk: int,
+                 lq_pad: int, lk_pad: int) -> tuple[dict[str, jax.Array], bool, int, int]:
+    """The kernels' side inputs, padded to the tiles: (side, has segments, num_buckets, padded
+    num_buckets). side: 'qseg' [B, Lq_pad] / 'kseg' [B, Lk_pad] int32; prefix 'pq', 'pk' and
+    'plen' [B] (prefix length); 'tab' the bias table [H, nb_pad]; 'bias' [B|1, H|1, Lq_pad,
+    Lk_pad]."""
     q_segment_ids, kv_segment_ids = _complete_segments(q_segment_ids, kv_segment_ids, lq, lk)
     has_seg = q_segment_ids is not None
     side = {}
@@ -361,25 +389,7 @@ def flash_attention(
         side["tab"] = _pad_axis(rel_bias.T, 1, nb_pad)
     if bias is not None:
         side["bias"] = _pad_axis(_pad_axis(bias, 2, lq_pad), 3, lk_pad)
-
-    cfg = FlashConfig(
-        backend=backend, interpret=bool(interpret), causal=bool(causal), has_seg=has_seg,
-        has_prefix=prefix_mask is not None, has_rel=rel_bias is not None,
-        has_bias=bias is not None,
-        bias_batch=bias.shape[0] if bias is not None else 1,
-        bias_heads=bias.shape[1] if bias is not None else 1,
-        sm_scale=float(sm_scale), block_q=bq, block_k=bk, lq=lq, lk=lk, lq_pad=lq_pad,
-        lk_pad=lk_pad, head_dim_pad=dp, num_heads=h, group=h // hkv, num_buckets=num_buckets,
-        num_buckets_pad=nb_pad, rel_bidirectional=bool(rel_bidirectional),
-        rel_max_distance=int(rel_max_distance), kv_pad_mask=(lk_pad != lk) and not has_seg,
-        num_warps=warps, num_stages=stages, bwd_block_q=bwd[0], bwd_block_k=bwd[1],
-        bwd_num_warps=bwd[2], bwd_num_stages=bwd[3],
-    )
-    qp = _pad_axis(_pad_axis(q, 1, lq_pad), 3, dp)
-    kp = _pad_axis(_pad_axis(k, 1, lk_pad), 3, dp)
-    vp = _pad_axis(_pad_axis(v, 1, lk_pad), 3, dp)
-    out = _flash_core(cfg, qp, kp, vp, side)
-    return out[:, :lq, :, :d]
+    return side, has_seg, num_buckets, nb_pad
 
 
 def _backend_module(cfg: FlashConfig):

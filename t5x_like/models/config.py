@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import gin
 import jax.numpy as jnp
 
-FAMILIES = ("encoder_decoder", "decoder_only", "prefix_lm")
+from t5x_like import families
+
 POSITION_ENCODINGS = ("relative", "rope", "absolute", "none")
 NORMS = ("rmsnorm", "layernorm")
 ATTENTION_IMPLS = ("xla", "cudnn", "pallas")
@@ -54,7 +56,7 @@ class TransformerConfig:
     logits_via_embedding: bool = True
     float32_attention_logits: bool = True
     # Ours.
-    family: str = "encoder_decoder"
+    family: str = families.ENCODER_DECODER.name
     position_encoding: str = "relative"
     norm: str = "rmsnorm"
     layer_norm_epsilon: float = 1e-6
@@ -76,8 +78,9 @@ class TransformerConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for field, choices in (("family", FAMILIES), ("position_encoding", POSITION_ENCODINGS),
-                               ("norm", NORMS), ("attention_impl", ATTENTION_IMPLS),
+        for field, choices in (("family", families.NAMES),
+                               ("position_encoding", POSITION_ENCODINGS), ("norm", NORMS),
+                               ("attention_impl", ATTENTION_IMPLS),
                                ("rope_scaling", ROPE_SCALINGS), ("remat_policy", REMAT_POLICIES)):
             _check_choice(field, getattr(self, field), choices)
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -96,19 +99,47 @@ class TransformerConfig:
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     @property
+    def family_record(self) -> families.Family:
+        """The batch layout of `family` (`t5x_like.families`)."""
+        return families.FAMILIES[self.family]
+
+    @property
     def has_encoder(self) -> bool:
         """True for encoder-decoders: inputs go to `encoder_input_tokens`, not the decoder."""
-        return self.family == "encoder_decoder"
+        return self.family_record.has_encoder
+
+    @property
+    def shares_layers(self) -> bool:
+        """True when the encoder runs on the decoder's layer weights (`shared_encoder_decoder`
+        of an encoder-decoder; the decoder-only families ignore that field)."""
+        return self.has_encoder and self.shared_encoder_decoder
+
+    def layer_stacks(self) -> dict[str, int]:
+        """Stacks of identical layers whose depths change independently -> their depth:
+        'decoder' (+ 'encoder' for an encoder-decoder), or one 'shared' stack when encoder and
+        decoder share their layers. `plan.py` traces 1-2 layers per stack and extrapolates."""
+        if self.shares_layers:
+            return {"shared": self.num_decoder_layers}
+        stacks = {"decoder": self.num_decoder_layers}
+        if self.has_encoder:
+            stacks["encoder"] = self.num_encoder_layers
+        return stacks
+
+    def with_layer_stacks(self, depths: Mapping[str, int]) -> TransformerConfig:
+        """A copy with the depths of `layer_stacks`' keys (decoder-only: no encoder layers)."""
+        shared = depths.get("shared", 0)
+        return self.replace(num_encoder_layers=depths.get("encoder", shared),
+                            num_decoder_layers=depths.get("decoder", shared))
 
     @property
     def slug(self) -> str:
         """A short name of the architecture, e.g. encdec_2x2, encdec_shared_2x2, lm_2L (causal
         decoder-only over inputs+targets), prefixlm_2L, decoderonly_4L."""
         dec = self.num_decoder_layers
-        if self.family == "encoder_decoder":
+        if self.has_encoder:
             shared = "_shared" if self.shared_encoder_decoder else ""
             return f"encdec{shared}_{self.num_encoder_layers}x{dec}"
-        if self.family == "prefix_lm":
+        if self.family_record.prefix_attention:
             return f"{'prefixlm' if self.decoder_prefix_attention else 'lm'}_{dec}L"
         return f"decoderonly_{dec}L"
 

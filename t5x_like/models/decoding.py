@@ -235,6 +235,40 @@ class BeamState:
     settled: jax.Array             # [] bool: no alive beam can beat any example's worst finished
 
 
+def _initial_beams(logits: jax.Array, cache: Any, size: int, k: int, length: int) -> BeamState:
+    """Step 0: one alive beam per example (all K start identical, so the others get NEG_INF
+    log-probs) and no finished ones."""
+    seqs = jnp.zeros((size, k, length), jnp.int32)
+    return BeamState(
+        step=jnp.int32(0),
+        alive_seqs=seqs,
+        alive_log_probs=jnp.broadcast_to(jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF), (size, k)),
+        finished_seqs=seqs,
+        finished_scores=jnp.full((size, k), NEG_INF),
+        finished_log_probs=jnp.zeros((size, k), jnp.float32),
+        finished_lengths=jnp.zeros((size, k), jnp.int32),
+        logits=logits,
+        cache=cache,
+        settled=jnp.bool_(False),
+    )
+
+
+def _best_finished(state: BeamState, seqs: jax.Array, scores: jax.Array, log_probs: jax.Array,
+                   lengths: jax.Array, k: int) -> tuple[jax.Array, ...]:
+    """The K best by penalised score of the K finished so far and the 2K candidates
+    (`seqs [B, 2K, T]`, `scores` NEG_INF unless the candidate ends here, `log_probs`,
+    `lengths [B, 2K]`): (seqs, scores, log_probs, lengths) of the new finished set."""
+    merged = (
+        jnp.concatenate([state.finished_seqs, seqs], axis=1),
+        jnp.concatenate([state.finished_scores, scores], axis=1),
+        jnp.concatenate([state.finished_log_probs, log_probs], axis=1),
+        jnp.concatenate([state.finished_lengths, lengths], axis=1),
+    )
+    best = jax.lax.top_k(merged[1], k)[1]
+    return tuple(jnp.take_along_axis(x, best.reshape(*best.shape, *[1] * (x.ndim - 2)), axis=1)
+                 for x in merged)
+
+
 def beam_search(
     logits: jax.Array,
     cache: Any,
@@ -264,8 +298,6 @@ def beam_search(
     size = logits.shape[0]
     logits, cache = _repeat(logits, cache, cache_axes, k)
     vocab = logits.shape[-1]
-    first_beam = jnp.arange(k) == 0  # all K beams start identical: keep one alive
-    seqs = jnp.zeros((size, k, length), jnp.int32)
 
     def body(state: BeamState) -> BeamState:
         step, seqs = state.step, state.alive_seqs
@@ -277,17 +309,8 @@ def beam_search(
         ends = (token == eos_id) | (step == length - 1)
         penalty = length_penalty(step + 1, alpha)
         new_scores = jnp.where(ends & (top_lp > NEG_INF / 2), top_lp / penalty, NEG_INF)
-        merged = (  # the K finished so far and the 2K candidates (scored if they end here)
-            jnp.concatenate([state.finished_seqs, top_seqs], axis=1),
-            jnp.concatenate([state.finished_scores, new_scores], axis=1),
-            jnp.concatenate([state.finished_log_probs, top_lp], axis=1),
-            jnp.concatenate([state.finished_lengths, jnp.full_like(token, step + 1)], axis=1),
-        )
-        best = jax.lax.top_k(merged[1], k)[1]
-        fin_seqs, fin_scores, fin_lp, fin_lengths = (
-            jnp.take_along_axis(x, best.reshape(*best.shape, *[1] * (x.ndim - 2)), axis=1)
-            for x in merged
-        )
+        fin_seqs, fin_scores, fin_lp, fin_lengths = _best_finished(
+            state, top_seqs, new_scores, top_lp, jnp.full_like(token, step + 1), k)
         alive_lp, keep = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
         seqs = jnp.take_along_axis(top_seqs, keep[..., None], axis=1)
         rows = (jnp.arange(size)[:, None] * k + jnp.take_along_axis(parent, keep, axis=1)).ravel()
@@ -306,19 +329,7 @@ def beam_search(
     def cond(state: BeamState) -> jax.Array:
         return (state.step < length) & ~state.settled
 
-    state = BeamState(
-        step=jnp.int32(0),
-        alive_seqs=seqs,
-        alive_log_probs=jnp.broadcast_to(jnp.where(first_beam, 0.0, NEG_INF), (size, k)),
-        finished_seqs=seqs,
-        finished_scores=jnp.full((size, k), NEG_INF),
-        finished_log_probs=jnp.zeros((size, k), jnp.float32),
-        finished_lengths=jnp.zeros((size, k), jnp.int32),
-        logits=logits,
-        cache=cache,
-        settled=jnp.bool_(False),
-    )
-    final = jax.lax.while_loop(cond, body, state)
+    final = jax.lax.while_loop(cond, body, _initial_beams(logits, cache, size, k, length))
     out = {"tokens": final.finished_seqs, "scores": final.finished_scores,
            "log_probs": final.finished_log_probs, "lengths": final.finished_lengths}
     return {key: value[:, :n] for key, value in out.items()}

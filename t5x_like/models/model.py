@@ -10,6 +10,10 @@ encoder's K/V (computed once); and `cache_index [B]` (the next position of each 
 prefix) and returns its logits and the cache; `decode_step` feeds one token per example.
 `decode` and `score_candidates` build the prompt (`decode_prompt`), prefill it and run the
 model-agnostic algorithms of `models/decoding.py` with `decode_step` as `tokens_to_logits`.
+
+Host-side batches for inference (`prompt_batch`, `rank_batch`, `score_batch`: numpy, from token
+ids) are laid out here too, as the feature converters lay out training batches, so `infer` and
+`evaluate` never branch on the family.
 """
 
 from __future__ import annotations
@@ -17,21 +21,24 @@ from __future__ import annotations
 import abc
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_like.models import decoding
-from t5x_like.models.config import EOS_ID, TransformerConfig
+from t5x_like.models.config import EOS_ID, PAD_ID, TransformerConfig
 from t5x_like.models.transformer import DecoderOnly, EncoderDecoder
 
 Batch = Mapping[str, Any]
 Params = Any
 Cache = Any
+#: Token-id rows of a host-side batch (each a list of ids, ragged).
+Rows = Sequence[Sequence[int]]
 
 
 def cross_entropy_with_z_loss(
@@ -140,11 +147,36 @@ class BaseModel(abc.ABC):
         """Training FLOPs (forward + backward) of one example by part: `matmuls` (the layers'
         weight matmuls), `attention` (scores and mixing) and `output` (the logits layer)."""
 
+    @abc.abstractmethod
+    def prompt_batch(self, inputs: Rows, decoder_prompts: Rows | None = None, *,
+                     input_length: int) -> dict[str, np.ndarray]:
+        """The `decode` batch (int32 numpy) of prompts: `inputs` are each example's input ids
+        (already cut to `input_length`, with EOS when `input_eos`), `decoder_prompts` optional
+        forced decoder tokens per example (outputs hold what follows them)."""
+
+    @abc.abstractmethod
+    def rank_batch(self, inputs: Rows, *, input_length: int) -> dict[str, np.ndarray]:
+        """`prompt_batch` of `inputs` padded to the longest prompt `input_length` allows: one
+        shape for every batch (one compilation of `score_candidates`)."""
+
+    @abc.abstractmethod
+    def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
+                    target_length: int, has_inputs: bool = True) -> dict[str, np.ndarray]:
+        """The teacher-forced `score` batch (int32 numpy) of input and target ids (targets with
+        EOS, cut to `target_length`) as the feature converters build it, unpacked.
+        `has_inputs`: the model was trained on a task with inputs."""
+
     # Family properties -----------------------------------------------------------------------
     @property
     def has_encoder(self) -> bool:
         """True for encoder-decoders (inputs are encoded, not part of the decoder's sequence)."""
         return self.config.has_encoder
+
+    def input_eos(self, has_inputs: bool) -> bool:
+        """Whether a prompt's input ids end with EOS: always for an encoder (it reads a task's
+        'inputs', which end with EOS); for the decoder-only families when trained on a task
+        with inputs (a targets-only LM continues the text, so no EOS)."""
+        return self.has_encoder or has_inputs
 
     # Shared API ------------------------------------------------------------------------------
     def example_batch(self, batch_size: int = 1, sequence_length: Mapping[str, int] | None = None,
@@ -387,6 +419,31 @@ class EncoderDecoderModel(BaseModel):
             "prompt_lengths": jnp.asarray(lengths, jnp.int32),
         }
 
+    def prompt_batch(self, inputs: Rows, decoder_prompts: Rows | None = None, *,
+                     input_length: int) -> dict[str, np.ndarray]:
+        """`encoder_input_tokens [B, input_length]`; with `decoder_prompts` also
+        `decoder_input_tokens` (BOS + the forced tokens) and their `prompt_lengths`."""
+        batch = {"encoder_input_tokens": pad_ids(inputs, input_length)}
+        if decoder_prompts is not None:
+            rows = [[PAD_ID, *p] for p in decoder_prompts]
+            batch["decoder_input_tokens"] = pad_ids(rows)
+            batch["prompt_lengths"] = np.asarray([len(r) for r in rows], np.int32)
+        return batch
+
+    def rank_batch(self, inputs: Rows, *, input_length: int) -> dict[str, np.ndarray]:
+        """The encoder inputs, already `input_length` wide."""
+        return self.prompt_batch(inputs, input_length=input_length)
+
+    def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
+                    target_length: int, has_inputs: bool = True) -> dict[str, np.ndarray]:
+        """`encoder_input_tokens [B, input_length]`, `decoder_target_tokens`,
+        `decoder_input_tokens` (shifted right) and `decoder_loss_weights`, `[B, target_length]`."""
+        dec = pad_ids(targets, target_length)
+        return {"encoder_input_tokens": pad_ids(inputs, input_length),
+                "decoder_target_tokens": dec,
+                "decoder_input_tokens": np.pad(dec[:, :-1], ((0, 0), (1, 0))),
+                "decoder_loss_weights": (dec > 0).astype(np.int32)}
+
     def _prefill_apply(self, params, batch, max_decode_length):
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         enc_seg = (enc > 0).astype(jnp.int32)
@@ -442,7 +499,8 @@ class DecoderOnlyModel(BaseModel):
         super().__init__(config, DecoderOnly(config))
 
     def _prefix(self, batch: Batch) -> jax.Array | None:
-        uses_prefix = self.family == "prefix_lm" and self.config.decoder_prefix_attention
+        uses_prefix = (self.config.family_record.prefix_attention
+                       and self.config.decoder_prefix_attention)
         if not uses_prefix or "decoder_causal_attention" not in batch:
             return None
         return jnp.asarray(batch["decoder_causal_attention"]) > 0
@@ -469,7 +527,7 @@ class DecoderOnlyModel(BaseModel):
         else:
             lengths = jnp.full((size,), width, jnp.int32)
         prompt = {"decoder_input_tokens": tokens, "prompt_lengths": lengths}
-        if self.family == "prefix_lm":
+        if self.config.family_record.prefix_attention:
             visible = jnp.arange(width)[None] < lengths[:, None]
             causal = batch.get("decoder_causal_attention", visible.astype(jnp.int32))
             prompt["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
@@ -486,11 +544,51 @@ class DecoderOnlyModel(BaseModel):
             mutable=["cache"],
         )
 
+    def prompt_batch(self, inputs: Rows, decoder_prompts: Rows | None = None, *,
+                     input_length: int, width: int | None = None) -> dict[str, np.ndarray]:
+        """`decoder_input_tokens` = BOS + input (+ the forced decoder prompt), right-padded to
+        the longest (or `width`), their `prompt_lengths`, and `decoder_causal_attention` = 1 on
+        BOS + input: bidirectional in a prefix LM (`decode_prompt`), ignored by causal LMs."""
+        heads = [[PAD_ID, *ids] for ids in inputs]
+        rows = [h + (list(decoder_prompts[i]) if decoder_prompts else [])
+                for i, h in enumerate(heads)]
+        width = max(1, max(len(r) for r in rows)) if width is None else width
+        causal = np.stack([(np.arange(width) < len(h)).astype(np.int32) for h in heads])
+        return {"decoder_input_tokens": pad_ids(rows, width),
+                "prompt_lengths": np.asarray([len(r) for r in rows], np.int32),
+                "decoder_causal_attention": causal}
+
+    def rank_batch(self, inputs: Rows, *, input_length: int) -> dict[str, np.ndarray]:
+        """Prompts `input_length + 1` wide (BOS + input, EOS included)."""
+        return self.prompt_batch(inputs, input_length=input_length, width=input_length + 1)
+
+    def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
+                    target_length: int, has_inputs: bool = True) -> dict[str, np.ndarray]:
+        """Input + target ids as one sequence, `input_length + target_length` wide (a
+        targets-only LM too: its prompt is a text to continue, up to `input_length` ids),
+        shifted right into `decoder_input_tokens`, loss weights on the targets,
+        `decoder_segment_ids` on the tokens, `decoder_causal_attention` on the inputs and the
+        first target position (used by prefix LMs only). `has_inputs` changes nothing here: the
+        caller already ended the inputs with EOS or not (`input_eos`)."""
+        del has_inputs
+        task = {"inputs": input_length, "targets": target_length}
+        width = self.config.family_record.stack_lengths(task)["decoder"]
+        seq = pad_ids([[*h, *t] for h, t in zip(inputs, targets, strict=True)], width)
+        weights, causal, segments = np.zeros_like(seq), np.zeros_like(seq), np.zeros_like(seq)
+        for i, (h, t) in enumerate(zip(inputs, targets, strict=True)):
+            weights[i, len(h): len(h) + len(t)] = 1
+            causal[i, : len(h) + 1] = 1
+            segments[i, : len(h) + len(t)] = 1
+        return {"decoder_target_tokens": seq,
+                "decoder_input_tokens": np.pad(seq[:, :-1], ((0, 0), (1, 0))),
+                "decoder_loss_weights": weights, "decoder_segment_ids": segments,
+                "decoder_causal_attention": causal}
+
     def _example_features(self, sequence_length: Mapping[str, int], packed: bool
                           ) -> dict[str, int]:
-        length = sum(sequence_length.values())
+        length = self.config.family_record.stack_lengths(sequence_length)["decoder"]
         features = _decoder_features(length, packed)
-        if self.family == "prefix_lm":
+        if self.config.family_record.prefix_attention:
             features["decoder_causal_attention"] = length
         return features
 
@@ -500,7 +598,7 @@ class DecoderOnlyModel(BaseModel):
         computed), 6·L·emb_dim·vocab for the output layer.
         """
         cfg = self.config
-        length = sequence_length.get("inputs", 0) + sequence_length["targets"]
+        length = cfg.family_record.stack_lengths(sequence_length)["decoder"]
         q_out, kv, mlp = _layer_matmul_params(cfg)
         hd = cfg.num_heads * cfg.head_dim
         return {
@@ -516,6 +614,16 @@ def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
     kv = 2 * cfg.emb_dim * cfg.kv_heads * cfg.head_dim
     mlp = (len(cfg.mlp_activations) + 1) * cfg.emb_dim * cfg.mlp_dim
     return q_out, kv, mlp
+
+
+def pad_ids(rows: Rows, width: int | None = None) -> np.ndarray:
+    """Ragged id rows -> int32 `[len(rows), width]`, right-padded with 0 (width default: the
+    longest row, at least 1)."""
+    width = max(1, max(len(r) for r in rows)) if width is None else width
+    out = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 def _decoder_features(length: int, packed: bool) -> dict[str, int]:
@@ -537,6 +645,4 @@ def parameter_count(config: TransformerConfig) -> int:
 def make_model(config: TransformerConfig | None = None) -> BaseModel:
     """The model for `config.family` (default: `TransformerConfig()` with its gin bindings)."""
     config = config if config is not None else TransformerConfig()
-    if config.family == "encoder_decoder":
-        return EncoderDecoderModel(config)
-    return DecoderOnlyModel(config)
+    return (EncoderDecoderModel if config.has_encoder else DecoderOnlyModel)(config)

@@ -5,6 +5,10 @@
         [--seeds=3] [--parallel=N] [--rows=a,b] [--sweep_dir=DIR] [--archive=FILE.jsonl.gz] \\
         [--print_commands | --report_only] [--out=benchmarks/t5_tables_tiny]
     python -m t5x_like.sweep --run_cell=DIR     # one cell (what --print_commands prints)
+    python -m t5x_like.sweep --init_cell=DIR    # a control cell's fresh model (the runner runs it)
+
+Cells run seed-major (every row's seed 0, then seed 1, ...; `runner.run_order`), so a sweep
+spread over sessions and hosts splits each row's seeds across those hosts.
 
 Exit status: 0 all cells done, 1 some cell failed (the others still ran; reports cover the
 finished ones), 2 bad arguments, sweep/scale files or archive.
@@ -42,12 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help="also write the report to this path prefix (<out>.md/.json/_*.png)")
     p.add_argument("--run_cell", default=None, help="run the one cell dir holding cell.json")
+    p.add_argument("--init_cell", default=None,
+                   help="write a control cell's freshly initialised model into DIR/pretrain "
+                        "(what the runner runs instead of pre-training it)")
     return p
 
 
 def main(argv: Sequence[str]) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.init_cell:
+        try:
+            runner.init_model(args.init_cell)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"error: --init_cell={args.init_cell}: {err}", file=sys.stderr)
+            return 1
+        return 0
     if args.run_cell:
         try:
             runner.run_cell_dir(args.run_cell)

@@ -7,7 +7,8 @@ bindings]` (an entry ending in `.gin` is a file, anything else a binding). A sca
 `sweep_scale.*` (inputs length, corpus, how to fine-tune and evaluate); the trainer reads it too,
 and ignores `sweep_scale` (it is never called there).
 
-This module imports only gin, so `import t5x_like.sweep.config` in a gin file is cheap.
+This module imports only gin at import time, so `import t5x_like.sweep.config` in a gin file is
+cheap (`sweep_scale` asks the data package for its corpora when it is called).
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ def sweep_scale(
     """The bound scale. `evaluate_flags` go to `python -m t5x_like.evaluate` as they are
     (e.g. '--multitask', '--finetune_steps=200'); `evaluate_bindings` become `--gin.K=V`;
     `train_flags` go to `python -m t5x_like.train` (e.g. '--tfds_data_dir=...')."""
-    if corpus not in ("c4like", "c4"):
-        raise ValueError(f"sweep_scale.corpus must be 'c4like' or 'c4', got {corpus!r}")
+    from t5x_like.data.tasks import CORPORA  # the data package's list (loaded by then: a
+    # scale is read through gin_utils.parse_gin, which registers every configurable)
+
+    if corpus not in CORPORA:
+        raise ValueError(f"sweep_scale.corpus must be one of {CORPORA}, got {corpus!r}")
     if inputs_length < 4:
         raise ValueError(f"sweep_scale.inputs_length must be >= 4, got {inputs_length}")
     return ScaleSpec(

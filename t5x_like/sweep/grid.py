@@ -3,12 +3,19 @@
 A cell's train config is, in order: the sweep's `base` files, the scale file, the row's files,
 then the row's bindings, then three computed bindings: `MIXTURE_OR_TASK_NAME` (the objective's
 task on the scale's corpus), `TASK_FEATURE_LENGTHS` (the objective's own lengths for the
-scale's `inputs_length`, `objectives.default_sequence_length`) and `train.seed`. Every cell is
-therefore trained on the same number of input tokens (steps x batch x inputs_length).
+scale's `inputs_length`, `objectives.default_sequence_length`; a targets-only objective, the
+full-span LM, gets the span a prefix-LM example splits: `sequence_length`) and `train.seed`.
+Every cell is therefore trained on the same number of input tokens (steps x batch x
+inputs_length).
 
 The cell id is `<architecture>__<objective>__s<seed>__<hash>` where hash = sha256 of gin's
 parsed config (every binding, not file names), so two rows with the same effective config
 (Table 2 "Encoder-decoder | LM" and Table 3 "Prefix LM") are one cell, run once.
+
+A row that binds `train.num_train_steps = 0` is a *control*: the same fine-tune on a fresh
+initialisation of its architecture, no pre-training (`Cell.control`; its id says
+`no_pretraining` where an objective would be). The runner initialises its model instead of
+training it (`runner.init_model`).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class Cell:
     sequence_length: Mapping[str, int]
     config_hash: str
     rows: tuple[tuple[str, str], ...]
+    control: bool = False  # no pre-training: fine-tuned from a fresh initialisation
 
 
 def resolve(path: str) -> str:
@@ -113,16 +121,39 @@ def split_row(entries: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def corpus_task(task: str, corpus: str) -> str:
-    """Move an objective's task onto `corpus`: c4like_prefix_lm -> c4_prefix_lm."""
-    for known in ("c4like", "c4"):
+    """Move an objective's task onto `corpus`: c4like_prefix_lm -> c4_prefix_lm (the corpora
+    are the data package's, `tasks.CORPORA`; the longest prefix wins: c4like before c4)."""
+    from t5x_like.data import tasks
+
+    for known in sorted(tasks.CORPORA, key=len, reverse=True):
         if task.startswith(known + "_"):
             return f"{corpus}_{task[len(known) + 1:]}"
     return task
 
 
+#: The objective whose example split a targets-only objective's span covers (`sequence_length`).
+SPAN_OBJECTIVE = "prefix_lm"
+#: The cell-id part of a control cell (no pre-training), where an objective would be.
+NO_PRETRAINING = "no_pretraining"
+
+
+def sequence_length(task: str, inputs_length: int) -> dict[str, int]:
+    """A cell's task lengths: the objective's own for `inputs_length`
+    (`objectives.default_sequence_length`), except that a targets-only objective (the
+    decoder-only language model's full-span LM) predicts the whole span a prefix-LM example
+    splits into inputs and targets, so it reads as many tokens per sequence as the prefix-LM
+    rows beside it (the paper's cost M): {'targets': Li + Lt of prefix LM}."""
+    from t5x_like.data import objectives, tasks
+
+    objective = tasks.task_objective(task)
+    if objective.has_inputs:
+        return objectives.default_sequence_length(objective, inputs_length)
+    span = objectives.default_sequence_length(tasks.OBJECTIVES[SPAN_OBJECTIVE], inputs_length)
+    return {"targets": sum(span.values())}
+
+
 def build_cell(sweep_spec: SweepSpec, scale: ScaleSpec, row: str, seed: int) -> Cell:
     """Resolve one (row, seed): parse its gin, compute task/lengths/seed bindings and its id."""
-    from t5x_like.data import objectives, tasks
     from t5x_like.models import TransformerConfig
 
     row_files, row_bindings = split_row(sweep_spec.rows[row])
@@ -131,23 +162,24 @@ def build_cell(sweep_spec: SweepSpec, scale: ScaleSpec, row: str, seed: int) -> 
     try:
         _parse(files, row_bindings)
         task = corpus_task(gin.query_parameter("%MIXTURE_OR_TASK_NAME"), scale.corpus)
-        lengths = objectives.default_sequence_length(
-            tasks.task_objective(task), scale.inputs_length)
+        lengths = sequence_length(task, scale.inputs_length)
         extra = [f"MIXTURE_OR_TASK_NAME = {task!r}",
                  f"TASK_FEATURE_LENGTHS = {dict(sorted(lengths.items()))!r}",
                  f"train.seed = {int(seed)}"]
         gin.parse_config(extra)  # on top of the parsed files + row bindings (later wins)
         config_hash = hashlib.sha256(gin.config_str().encode()).hexdigest()[:8]
         arch = TransformerConfig().slug
+        control = int(gin.query_parameter("train.num_train_steps")) == 0
     except (SweepError, ValueError, KeyError, RuntimeError) as err:
         raise SweepError(f"{where}: {err}") from err
     finally:
         gin.clear_config()
-    objective = task.split("_", 1)[1]
+    objective = NO_PRETRAINING if control else task.split("_", 1)[1]
     return Cell(
         cell_id=f"{arch}__{objective}__s{seed}__{config_hash}", seed=int(seed),
         gin_files=tuple(files), bindings=(*row_bindings, *extra), task=task,
         sequence_length=lengths, config_hash=config_hash, rows=((sweep_spec.table, row),),
+        control=control,
     )
 
 

@@ -4,6 +4,8 @@
 (row names match `gin/sweeps/t5_table*.gin`). Rows that are the same experiment in the paper
 (the baseline appears in Tables 2, 4, 5 and 6) carry the same numbers. `CLAIMS` = the paper's
 headline comparisons between those rows, which the report tests with paired differences.
+`CONTROL_ROWS`: rows that are controls, not paper rows with a claim (the no-pre-training
+baseline of the paper's Table 1, added to our Tables 2 and 3); their cells carry `control`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ COLUMNS = ("GLUE", "CNNDM", "SQuAD", "SGLUE", "EnDe", "EnFr", "EnRo")
 COMPARE_COLUMN = "GLUE"
 
 _BASELINE = (83.28, 19.24, 80.88, 71.36, 26.98, 39.82, 27.65)
+#: Table 1, "No pre-training": the baseline model trained on each task from a random init.
+_NO_PRETRAINING = (66.22, 17.60, 50.31, 53.04, 25.86, 39.77, 24.04)
+#: The control row's name in our sweep files (a row binding `train.num_train_steps = 0`).
+NO_PRETRAINING = "No pre-training"
+#: Rows that are controls: shown beside the paper's rows, not ranked with them or claimed.
+CONTROL_ROWS = (NO_PRETRAINING,)
 
 _TABLES: dict[str, dict[str, tuple[float, ...]]] = {
     "table2": {
@@ -28,11 +36,13 @@ _TABLES: dict[str, dict[str, tuple[float, ...]]] = {
         "Enc-dec 6 layers | LM": (78.67, 18.26, 75.32, 64.06, 26.13, 38.42, 26.89),
         "Language model | LM": (73.78, 17.54, 53.81, 56.51, 25.23, 34.31, 25.38),
         "Prefix LM | LM": (79.68, 17.84, 76.87, 64.86, 26.28, 37.51, 26.76),
+        NO_PRETRAINING: _NO_PRETRAINING,
     },
     "table3": {
         "Prefix LM": (80.69, 18.94, 77.99, 65.27, 26.86, 39.73, 27.49),
         "BERT-style": (82.96, 19.17, 80.65, 69.85, 26.78, 40.03, 27.41),
         "Deshuffling": (73.17, 18.59, 67.61, 58.47, 26.11, 39.30, 25.62),
+        NO_PRETRAINING: _NO_PRETRAINING,
     },
     "table4": {
         "BERT-style": (82.96, 19.17, 80.65, 69.85, 26.78, 40.03, 27.41),

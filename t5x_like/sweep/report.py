@@ -4,16 +4,20 @@ For each sweep (paper table) and row: our suite average (mean ± std over seeds)
 scores, final pre-training loss, measured parameters and training FLOPs per sequence, the
 paper's bookkeeping (P/2P, M/M/2) and its seven published columns. Rows are ranked by our score
 and by the paper's GLUE column (`paper.COMPARE_COLUMN`, the closest analogue of an average of
-classification scores) and compared with Kendall's τ (`scipy.stats.kendalltau`).
+classification scores) and compared with Kendall's τ and its exact permutation test.
 
 Where the cells kept their test predictions (`eval/predictions/<task>.jsonl`), `stats` adds a
-bootstrap over seeds and test examples: a 95% CI per row, a CI of Kendall's τ, and the paper's
-claims about the table (`paper.CLAIMS`) as paired differences with CIs and verdicts.
+95% t interval per row and tests the paper's claims about the table (`paper.CLAIMS`) with
+verdicts that hold a family-wise error rate of 5% per table (Holm). Beside the one-way ANOVA
+of the rows, Holm-corrected pairwise tests say which rows differ; when a table's cells ran on
+several hosts, host is tested as a factor and every claim comparing cells of different hosts
+is flagged.
 """
 
 from __future__ import annotations
 
 import collections
+import fractions
 import json
 import math
 import os
@@ -31,6 +35,13 @@ from t5x_like.sweep.runner import RESULTS, cell_dir, write_json
 METRIC = "suite_average"
 METRIC_NOTE = ("suite average: mean of the downstream tasks' primary scores (0-100); compared "
                f"with the paper's {paper.COMPARE_COLUMN} column")
+#: How the claims' verdicts are reached (`stats.evaluate_claims`), in the JSON and the report.
+VERDICT_METHOD = (
+    f"Holm over the table's claims: family-wise error rate {stats.FAMILY_ALPHA:.0%}. Each claim "
+    "is an unpaired t-test of a difference of row means; its variance adds the seed variance "
+    "pooled over the table's rows and the test examples' (a jackknife over the shared test "
+    "examples, between different cells only). No random draws.")
+KENDALL_TEST = "exact two-sided permutation test over every order of the rows"
 
 
 def collect(cells: Sequence[Cell], sweep_dir: str) -> dict[str, dict[str, Any]]:
@@ -66,10 +77,11 @@ def cell_predictions(path: str, tasks: Sequence[str],
 
 
 def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequence[str],
-                paper_scores: Mapping[str, float], sweep_dir: str,
-                replicates: int = stats.DEFAULT_REPLICATES) -> dict[str, Any] | None:
-    """Bootstrap CIs of every row, of Kendall's τ against `paper_scores`, and the table's
-    claims; `cells` = (row, cell_id) of the finished cells. None when predictions are missing."""
+                paper_scores: Mapping[str, float], sweep_dir: str) -> dict[str, Any] | None:
+    """From the cells' saved test predictions: a t interval per row, the table's claims with
+    Holm-corrected verdicts (`stats.evaluate_claims`), and per task the best constant score,
+    the rows whose interval lies above it and the collapsed fine-tunes; `cells` = (row,
+    cell_id) of the finished cells. None when predictions are missing."""
     rows: dict[str, list[dict[str, stats.TaskPredictions]]] = {}
     for row, cell_id in cells:
         preds = cell_predictions(os.path.join(sweep_dir, "cells", cell_id), tasks)
@@ -78,36 +90,29 @@ def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequen
         rows.setdefault(row, []).append(preds)
     if not rows or not tasks:
         return None
-    boot = stats.row_replicates(rows, tasks, replicates)
-    points = stats.point_scores(rows, tasks)
-    ranked = [r for r in spec.rows if r in boot and r in paper_scores]
-    tau_ci = None
-    if len(ranked) >= 2:
-        taus = stats.kendall_tau(np.stack([boot[r] for r in ranked], axis=1),
-                                 np.array([paper_scores[r] for r in ranked]))
-        tau_ci = list(stats.percentile_ci(taus))
-    claims = []
-    for claim in paper.CLAIMS:
-        if claim.table != spec.table:
-            continue
-        result = stats.evaluate_claim(claim, boot, points)
-        if result is not None:
-            theirs = [paper_scores.get(r) for r in (*claim.better, *claim.worse)]
-            result["paper_difference"] = (
-                None if None in theirs else
-                float(np.mean(theirs[:len(claim.better)]) - np.mean(theirs[len(claim.better):])))
-            claims.append(result)
+    data = stats.table_data(rows, tasks)
+    claims = stats.evaluate_claims([c for c in paper.CLAIMS if c.table == spec.table], data)
+    for result in claims:
+        claim = _claim(spec.table, result["claim"])
+        theirs = [paper_scores.get(r) for r in (*claim.better, *claim.worse)]
+        result["paper_difference"] = (
+            None if None in theirs else
+            float(np.mean(theirs[:len(claim.better)]) - np.mean(theirs[len(claim.better):])))
     best = {t: stats.best_constant_score(next(iter(rows.values()))[0][t]) for t in tasks}
-    above = {}
-    for t in tasks:  # the task's own score per row, bootstrapped like the suite average
-        task_boot = stats.row_replicates(rows, [t], replicates)
-        above[t] = [r for r in spec.rows
-                    if r in task_boot and stats.percentile_ci(task_boot[r])[0] > best[t]]
-    return {"row_ci": {r: list(stats.percentile_ci(b)) for r, b in boot.items()},
-            "kendall_tau_ci": tau_ci, "claims": claims, "replicates": replicates,
+    above: dict[str, list[str] | None] = {}
+    for t in tasks:  # the task's own score per row, with the same design as the suite average
+        per_task = stats.table_data(rows, [t])
+        bounds = {r: stats.row_interval(per_task, r) for r in spec.rows if r in rows}
+        above[t] = (None if per_task.seed_var is None else
+                    [r for r, ci in bounds.items() if ci is not None and ci[0] > best[t]])
+    return {"row_ci": {r: _list(stats.row_interval(data, r)) for r in rows}, "claims": claims,
             "collapsed": {r: {t: sum(stats.collapsed(s[t]) for s in seeds) for t in tasks}
                           for r, seeds in rows.items()},
             "best_constant": best, "above_constant": above}
+
+
+def _list(pair: tuple[float, float] | None) -> list[float] | None:
+    return None if pair is None else list(pair)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -121,17 +126,14 @@ def _std(values: Sequence[float]) -> float | None:
 
 
 def kendall(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float | None, float | None]:
-    """Kendall's τ and its p-value between two score lists (None when undefined: < 2 rows or
-    a constant list)."""
-    from scipy.stats import kendalltau
-
+    """Kendall's τ-b and its exact two-sided permutation p-value (`stats.kendall_permutation_p`)
+    between two score lists (None when undefined: < 2 rows or a constant list)."""
     if len(ours) != len(theirs):
         raise ValueError(f"kendall: {len(ours)} vs {len(theirs)} scores")
     if len(ours) < 2:
         return None, None
-    result = kendalltau(list(ours), list(theirs))
-    tau, p = float(result.statistic), float(result.pvalue)
-    return (None if math.isnan(tau) else tau), (None if math.isnan(p) else p)
+    tau = float(stats.kendall_tau(np.array([ours], np.float64), np.array(theirs, np.float64))[0])
+    return (None if math.isnan(tau) else tau), stats.kendall_permutation_p(ours, theirs)
 
 
 def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
@@ -163,6 +165,53 @@ def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
             "rows": len(groups), "seed_std": math.sqrt(within / df), "seed_df": df}
 
 
+def _row_entry(spec: SweepSpec, row: str, done: Sequence[Mapping[str, Any]],
+               ids: Sequence[str]) -> dict[str, Any]:
+    """One row of a table entry, from its finished cells' results."""
+    tasks = sorted({t for r in done for t in r.get("tasks", {})})
+    params, cost = spec.bookkeeping.get(row, (None, None))
+    return {
+        "row": row,
+        "ours_mean": _mean([r.get(METRIC) for r in done]),
+        "ours_std": _std([r.get(METRIC) for r in done]),
+        "num_seeds": len(done),
+        "paper": paper.published(spec.table, row),
+        "per_task": {t: _mean([r["tasks"].get(t) for r in done]) for t in tasks},
+        "per_task_std": {t: _std([r["tasks"].get(t) for r in done]) for t in tasks},
+        "pretrain_loss": _mean([r["pretrain"].get("final_loss") for r in done]),
+        "paper_params": params, "paper_cost": cost,
+        "parameters": done[0].get("parameters") if done else None,
+        "flops_per_sequence": done[0].get("flops_per_sequence") if done else None,
+        "seconds_per_cell": _mean([r.get("seconds", {}).get("total") for r in done]),
+        "cells": list(ids),
+        "control": is_control(row, done),
+    }
+
+
+def is_control(row: str, done: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a row is a control (no pre-training: `paper.CONTROL_ROWS`, or cells whose
+    results say `control`), shown beside the paper's rows but not ranked with them."""
+    return row in getattr(paper, "CONTROL_ROWS", ()) or any(r.get("control") for r in done)
+
+
+def host_of(result: Mapping[str, Any]) -> str:
+    """The host a cell ran on, as its results.json records it ('unrecorded' before hosts were
+    recorded)."""
+    return str(result.get("host") or "unrecorded")
+
+
+def claim_hosts(claim: paper.Claim, by_row: Mapping[str, Sequence[Mapping[str, Any]]]
+                ) -> dict[str, Any]:
+    """The hosts of the cells on each side of a claim, and whether the sides' shares of each
+    host differ (`warning`): then the difference carries the hosts' difference too."""
+    sides = {side: dict(sorted(collections.Counter(host_of(r) for row in rows
+                                                   for r in by_row.get(row, ())).items()))
+             for side, rows in (("better", claim.better), ("worse", claim.worse))}
+    shares = [{h: fractions.Fraction(n, sum(c.values())) for h, n in c.items()}
+              for c in sides.values() if c]
+    return {**sides, "warning": len(shares) == 2 and shares[0] != shares[1]}
+
+
 def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                 results: Mapping[str, Mapping[str, Any]], sweep_dir: str) -> dict[str, Any]:
     """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau, claims)."""
@@ -172,57 +221,57 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
         ids[row].append(cell.cell_id)
         if cell.cell_id in results:
             by_row[row].append(results[cell.cell_id])
-    rows = []
-    for row in spec.rows:
-        done = by_row[row]
-        tasks = sorted({t for r in done for t in r.get("tasks", {})})
-        published = paper.published(spec.table, row)
-        params, cost = spec.bookkeeping.get(row, (None, None))
-        rows.append({
-            "row": row,
-            "ours_mean": _mean([r.get(METRIC) for r in done]),
-            "ours_std": _std([r.get(METRIC) for r in done]),
-            "num_seeds": len(done),
-            "paper": published,
-            "per_task": {t: _mean([r["tasks"].get(t) for r in done]) for t in tasks},
-            "per_task_std": {t: _std([r["tasks"].get(t) for r in done]) for t in tasks},
-            "pretrain_loss": _mean([r["pretrain"].get("final_loss") for r in done]),
-            "paper_params": params, "paper_cost": cost,
-            "parameters": done[0].get("parameters") if done else None,
-            "flops_per_sequence": done[0].get("flops_per_sequence") if done else None,
-            "seconds_per_cell": _mean([r.get("seconds", {}).get("total") for r in done]),
-            "cells": ids[row],
-        })
-    paired = [r for r in rows if r["ours_mean"] is not None and r["paper"]]
+    rows = [_row_entry(spec, row, by_row[row], ids[row]) for row in spec.rows]
+    paired = [r for r in rows if r["ours_mean"] is not None and r["paper"] and not r["control"]]
     ours = {r["row"]: r["ours_mean"] for r in paired}
     theirs = {r["row"]: r["paper"][paper.COMPARE_COLUMN] for r in paired}
     tau, p = kendall(list(ours.values()), list(theirs.values()))
     tasks = sorted({t for rs in by_row.values() for r in rs for t in r.get("tasks", {})})
     finished = [(row, cell.cell_id) for row, cell in cells_of(cells, spec.table)
                 if cell.cell_id in results]
-    boot = uncertainty(spec, finished, tasks, theirs, sweep_dir)
+    found = uncertainty(spec, finished, tasks, theirs, sweep_dir)
     differ = {t: rows_differ([[r["tasks"][t] for r in rs if r["tasks"].get(t) is not None]
                               for rs in by_row.values()]) for t in tasks}
-    differ[METRIC] = rows_differ([[r[METRIC] for r in rs if r.get(METRIC) is not None]
-                                  for rs in by_row.values()])
+    suite = {row: [r[METRIC] for r in rs if r.get(METRIC) is not None]
+             for row, rs in by_row.items()}
+    differ[METRIC] = rows_differ(list(suite.values()))
     for r in rows:
-        r["ci"] = boot["row_ci"].get(r["row"]) if boot else None
-        r["collapsed"] = boot["collapsed"].get(r["row"]) if boot else None
+        r["ci"] = found["row_ci"].get(r["row"]) if found else None
+        r["collapsed"] = found["collapsed"].get(r["row"]) if found else None
+    claims = found["claims"] if found else []
+    for c in claims:
+        c["hosts"] = claim_hosts(_claim(spec.table, c["claim"]), by_row)
     return {
         "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
         "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
-        "kendall_tau_ci": boot["kendall_tau_ci"] if boot else None,
-        "claims": boot["claims"] if boot else [],
-        "bootstrap_replicates": boot["replicates"] if boot else 0,
+        "kendall_test": KENDALL_TEST, "claims": claims,
+        "verdict_method": VERDICT_METHOD if claims else None,
         "ranking_ours": sorted(ours, key=lambda row: -ours[row]),  # best first
         "ranking_paper": sorted(theirs, key=lambda row: -theirs[row]),
         "paper_table": paper.TABLE_NUMBERS.get(spec.table),
         "baseline_average": _mean([r.get("baseline_average") for rs in by_row.values()
                                    for r in rs]),
-        "best_constant": boot["best_constant"] if boot else None,
-        "above_constant": boot["above_constant"] if boot else None,
-        "rows_differ": differ,
+        "best_constant": found["best_constant"] if found else None,
+        "above_constant": found["above_constant"] if found else None,
+        "exploratory_tasks": sorted({t for rs in by_row.values() for r in rs
+                                     for t, flag in (r.get("exploratory") or {}).items() if flag}),
+        "rows_differ": differ, "pairs_differ": stats.pairwise(suite),
+        "hosts": dict(sorted(collections.Counter(host_of(r) for rs in by_row.values()
+                                                 for r in rs).items())),
+        "host_factor": stats.host_factor([(row, host_of(r), r[METRIC])
+                                          for row, rs in by_row.items() for r in rs
+                                          if r.get(METRIC) is not None]),
     }
+
+
+def _claim(table: str, text: str) -> paper.Claim:
+    return next(c for c in paper.CLAIMS if c.table == table and c.text == text)
+
+
+def _task(task: str, entry: Mapping[str, Any]) -> str:
+    """A task's column name: without 'downstream_', '†' when exploratory."""
+    return task.removeprefix("downstream_") + (
+        " †" if task in (entry.get("exploratory_tasks") or ()) else "")
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -248,7 +297,7 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
     if has_cost:
         head += ["Params (paper)", "Cost (paper)"]
     head += ["Params (ours)", "FLOPs/seq (ours)", "Ours: suite avg", "seeds",
-             *[t.removeprefix("downstream_") for t in tasks], "pre-train loss",
+             *[_task(t, entry) for t in tasks], "pre-train loss",
              *[f"paper {c}" for c in paper.COLUMNS]]
     lines = [f"### {entry['title']}", "",
              f"Paper: Table {entry.get('paper_table')}. Ours = {entry['metric']}.", "",
@@ -267,20 +316,25 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
                   _num(r["pretrain_loss"], 3),
                   *[_num((r["paper"] or {}).get(c)) for c in paper.COLUMNS]]
         lines.append("| " + " | ".join(cells) + " |")
+    if entry.get("exploratory_tasks"):
+        lines += ["", "† Exploratory task: designed after results were seen, so its scores (and "
+                  "a suite average that includes them) test no prediction made in advance."]
     tau, p, n = entry["kendall_tau"], entry["kendall_p_value"], entry["kendall_rows"]
     lines += ["", f"- Ranking, ours: {' > '.join(entry['ranking_ours']) or '—'}",
               f"- Ranking, paper ({paper.COMPARE_COLUMN}): "
               f"{' > '.join(entry['ranking_paper']) or '—'}",
-              f"- Kendall τ (ours vs paper over {n} rows): {_num(tau)} (p = {_num(p, 3)})"
-              + (f", 95% CI [{entry['kendall_tau_ci'][0]:.2f}, {entry['kendall_tau_ci'][1]:.2f}]"
-                 if entry.get("kendall_tau_ci") else ""),
+              f"- Kendall τ (ours vs paper over {n} rows): {_num(tau)} (exact permutation "
+              f"p = {_num(p, 3)})",
               f"- Majority-class / trivial baseline, suite average: "
               f"{_num(entry.get('baseline_average'))}", ""]
-    if entry.get("bootstrap_replicates"):
-        lines += [f"Ours = mean ± std over seeds [95% CI: {entry['bootstrap_replicates']} "
-                  "bootstrap replicates over seeds and test examples].", ""]
-    return "\n".join(lines + claims_markdown(entry.get("claims", []))
-                     + signal_markdown(entry) + collapsed_markdown(entry))
+    if any(r.get("ci") for r in rows):
+        df = ((entry.get("rows_differ") or {}).get(METRIC) or {}).get("seed_df")
+        lines += [f"Ours = mean ± std over seeds [95% t interval: the seed variance pooled over "
+                  f"the table's rows (df {df}) plus the test examples' (jackknife)].", ""]
+    hosts = sorted(entry.get("hosts") or {})
+    return "\n".join(lines + claims_markdown(entry.get("claims", []), hosts)
+                     + signal_markdown(entry) + pairs_markdown(entry) + host_markdown(entry)
+                     + collapsed_markdown(entry))
 
 
 def _anova(result: Mapping[str, Any] | None) -> str:
@@ -311,22 +365,24 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
     if best:
         note += (" *Best constant*: the score of the same output for every test example (often "
                  "above the majority-class baseline when the test split's label shares differ "
-                 "from training's), and the rows whose 95% CI lies above it.")
+                 "from training's), and the rows whose 95% t interval of the task score lies "
+                 "above it.")
     if has_anova:
         note += (" *Rows differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 "
                  "seeds, F (p): a task whose rows differ no more than its seeds cannot rank "
                  "them. *Seed std, pooled*: the std between seeds of one row, pooled over those "
                  "rows (df = seeds minus rows): this run's own noise floor.")
     lines = [note, "",
-             "| | " + " | ".join(t.removeprefix("downstream_") for t in tasks)
+             "| | " + " | ".join(_task(t, entry) for t in tasks)
              + (" | suite average |" if has_anova else " |"),
              "|---|" + "---|" * (len(tasks) + has_anova)]
     if best and above is not None:
         extra = " — |" if has_anova else ""
         lines += ["| best constant score | " + " | ".join(_num(best[t]) for t in tasks)
                   + " |" + extra,
-                  "| rows above it | " + " | ".join(f"{len(above.get(t, []))}/{done}"
-                                                   for t in tasks) + " |" + extra]
+                  "| rows above it | " + " | ".join(
+                      "—" if above.get(t) is None else f"{len(above[t])}/{done}" for t in tasks)
+                  + " |" + extra]
     if has_anova:
         lines.append("| rows differ: F (p) | " + " | ".join(
             _anova(differ.get(k)) for k in (*tasks, METRIC)) + " |")
@@ -345,7 +401,7 @@ def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
     tasks = sorted({t for r in rows for t in r["collapsed"]})
     split = all(" | " in r["row"] for r in entry["rows"])  # 'Architecture | Objective'
     head = ["Architecture", "Objective"] if split else ["Row"]
-    names = [*head, *[t.removeprefix("downstream_") for t in tasks]]
+    names = [*head, *[_task(t, entry) for t in tasks]]
     lines = [f"Fine-tunes collapsed to one label (≥ {stats.COLLAPSED_SHARE:.0%} of the test "
              "examples given the same output), seeds per row:", "",
              "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
@@ -355,21 +411,107 @@ def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def claims_markdown(claims: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The claims table: each of the paper's comparisons as our paired difference with its
-    CI and a verdict (and, when unresolved, the seeds per row that would settle it)."""
+def _host_label(hosts: Sequence[str], host: str) -> str:
+    return chr(ord("A") + hosts.index(host)) if host in hosts else "?"
+
+
+def _claim_hosts(c: Mapping[str, Any], hosts: Sequence[str]) -> str:
+    sides = c.get("hosts") or {}
+    text = " vs ".join(" ".join(f"{_host_label(hosts, h)}{n}" for h, n in sides.get(side, {})
+                                .items()) or "—" for side in ("better", "worse"))
+    return text + (" ⚠" if sides.get("warning") else "")
+
+
+def _seeds_needed(c: Mapping[str, Any]) -> str:
+    if c.get("seeds_limit"):
+        return c["seeds_limit"]
+    needed, span = c.get("seeds_needed"), c.get("seeds_needed_range") or [None, None]
+    if needed is None:
+        return "—"
+    return f"{needed} [{_num(span[0], 0) if span[0] else '—'}-{span[1] or '—'}]"
+
+
+def claims_markdown(claims: Sequence[Mapping[str, Any]], hosts: Sequence[str] = ()) -> list[str]:
+    """The claims table: each of the paper's comparisons as our difference of row means, its
+    interval at Holm's level, p and Holm's p, the verdict, and when unresolved the seeds per row
+    for 80% power; with cells on several `hosts`, each side's hosts (⚠ where they differ)."""
     if not claims:
         return []
-    lines = ["| Claim (paper) | paper Δ GLUE | ours: Δ suite avg [95% CI] | verdict | seeds "
-             "| seeds needed |", "|---|---|---|---|---|---|"]
+    family = sum(1 for c in claims if c.get("p") is not None)
+    many = len(hosts) > 1
+    note = (f"Claims. {VERDICT_METHOD} *Interval*: at Holm's level for the claim (its "
+            "confidence in brackets), so it clears 0 (for '≈': lies inside or outside ±margin) "
+            "exactly when the verdict is settled. *Seeds needed*: seeds per row, every row of the "
+            f"table at that count, for {stats.POWER:.0%} power at α = {stats.FAMILY_ALPHA:g}/"
+            f"{family} (Holm's first step), noncentral t, the observed difference taken as "
+            "true; in brackets the same at the ends of the pooled seed std's 95% interval. "
+            "*test examples*: no number of seeds gets there on these test sets.")
+    if not family:
+        note = ("Claims. With one seed per row there is no seed spread to test a difference "
+                "against: no claim is tested (every verdict unresolved).")
+    lines = [note, "",
+             "| Claim (paper) | paper Δ GLUE | ours: Δ suite avg | interval at Holm's level "
+             "| p (Holm) | verdict | seeds | seeds needed [range] |" + (" hosts |" if many else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if many else "")]
     for c in claims:
         rel = f" (within ±{c['margin']:g})" if c["relation"] == "≈" else ""
-        needed = c["seeds_needed"]
+        ci = ("—" if not c.get("ci") else f"[{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] "
+              f"({100 * c['ci_confidence']:.1f}%)")
+        p = "—" if c.get("p") is None else f"{_p(c['p'])} ({_p(c['p_holm'])})"
         lines.append(
             f"| {c['claim']}{rel} | {_num(c.get('paper_difference'))} | {c['difference']:+.2f} "
-            f"[{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] | {c['verdict']} | {c['seeds']} | "
-            f"{'—' if needed is None else needed} |")
-    return [*lines, ""]
+            f"| {ci} | {p} | {c['verdict']} | {c['seeds']} | {_seeds_needed(c)} |"
+            + (f" {_claim_hosts(c, hosts)} |" if many else ""))
+    lines.append("")
+    if many:
+        lines += ["Hosts: " + "; ".join(f"{_host_label(hosts, h)} = {h}" for h in hosts)
+                  + ". ⚠: the claim's two sides ran on different hosts (or in different shares),"
+                  " so its difference also holds any difference between the hosts.", ""]
+    return lines
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def pairs_markdown(entry: Mapping[str, Any]) -> list[str]:
+    """Which rows differ (suite average): the pairs Holm's correction keeps (`stats.pairwise`)."""
+    found = entry.get("pairs_differ")
+    if not found:
+        return []
+    pairs = found["pairs"]
+    differ = [p for p in pairs if p["differ"]]
+    head = (f"Which rows differ (suite average): a t-test per pair of rows on the per-seed scores "
+            f"with the pooled seed std (df {found['seed_df']}), Holm over the {len(pairs)} pairs "
+            f"(family-wise {found['alpha']:.0%}); like the ANOVA, on these test sets. ")
+    if not differ:
+        return [head + "No pair differs (smallest Holm p "
+                f"{_p(min(p['p_holm'] for p in pairs))}).", ""]
+    verb = "1 pair differs" if len(differ) == 1 else f"{len(differ)} pairs differ"
+    return [head + verb + ": " + "; ".join(
+                f"{p['better']} > {p['worse']} (+{p['difference']:.2f}, Holm p {_p(p['p_holm'])})"
+                for p in differ) + ".", ""]
+
+
+def host_markdown(entry: Mapping[str, Any]) -> list[str]:
+    """Host as a factor (`stats.host_factor`), when a table's cells ran on several hosts."""
+    found = entry.get("host_factor")
+    if not found:
+        return []
+    hosts = found["hosts"]
+    head = f"Host as a factor: this table's cells ran on {len(hosts)} hosts. "
+    if not found["testable"]:
+        return [head + "No row has cells on more than one, so the host cannot be told apart "
+                "from the rows (untested): a claim marked ⚠ compares hosts as well as rows.", ""]
+    effects = ", ".join(f"{_host_label(hosts, h)} − A {e:+.2f}" for h, e in
+                        found["effects"].items() if e is not None)
+    test = ("F undefined" if found["f"] is None else
+            f"F = {found['f']:.2f}, p = {_num(found['p'], 3)}, df {found['df'][0]}, "
+            f"{found['df'][1]}")
+    return [head + f"{found['rows_spanning_hosts']} row(s) span hosts. Suite average = row + "
+            f"host, host tested after the rows: {test}; within-row host effect {effects}.", ""]
 
 
 def build(specs: Sequence[SweepSpec], cells: Sequence[Cell], sweep_dir: str,

@@ -18,8 +18,17 @@ Before its first subprocess a cell makes sure the data directory is prepared (th
 corpus, its vocabulary and the downstream suite: `data.prepare`, a no-op when current), so a
 sweep or `--run_cell` works on a fresh machine.
 An interrupted cell resumes: the trainer restarts from its latest checkpoint and evaluate skips
-fine-tunes that reached their step count. Cells run most expensive first (training FLOPs per
-sequence), so with `--parallel` the long decoder-only cells do not trail at the end, and share one
+fine-tunes that reached their step count. A control cell (`Cell.control`: no pre-training)
+initialises its model instead (`init_model`, in a `python -m t5x_like.sweep --init_cell=DIR`
+subprocess: the architecture's fresh parameters, seeded by the cell's seed as the trainer's step 0
+would be, written as a converted model dir, `pretrain/params` + `pretrain/config.gin`) and is then
+evaluated like any cell.
+
+Order (`run_order`): seed-major, all rows' seed 0, then seed 1, ...; within a seed the most
+training FLOPs first, so with `--parallel` the long decoder-only cells do not trail at the end. A
+sweep spread over sessions on different hosts (`--archive`) thus splits every row's seeds across
+the hosts it spans, instead of running whole rows on one host (the host is then not confounded
+with the row; each cell's `results.json` records its `host` and `code`). Cells share one
 persistent XLA compilation cache, `<sweep_dir>/xla_cache` (cells of one architecture compile the
 same fine-tuning and scoring programs).
 """
@@ -35,6 +44,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -42,10 +52,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from t5x_like import host, hugepages
 from t5x_like.data import assets
 from t5x_like.data import prepare as data_prepare
-from t5x_like.sweep import costs
+from t5x_like.runtime import host, hugepages
+from t5x_like.sweep import costs, grid
 from t5x_like.sweep.config import ScaleSpec
 from t5x_like.sweep.grid import Cell
 
@@ -264,8 +274,11 @@ def train_command(spec: Mapping[str, Any], path: str) -> list[str]:
 def evaluate_command(spec: Mapping[str, Any], path: str, out: str = "eval",
                      finetune_seed: int | None = None,
                      extra: Sequence[str] = ()) -> list[str]:
-    """The `python -m t5x_like.evaluate` argv of a cell spec, writing to `path/out`; the
-    fine-tuning seed (data order, dropout) is the cell's pre-training seed unless given.
+    """The `python -m t5x_like.evaluate` argv of a cell spec, writing to `path/out`. The
+    fine-tuning seed (data order, dropout) is `finetune_seed` when given, else what the
+    fine-tuning gin binds: `gin/runs/finetune.gin` includes pretrain.gin's `train.seed = 0`
+    after the checkpoint's config.gin, so every cell of a sweep fine-tunes with seed 0 and
+    its `seed` varies the pre-training (a control cell's: its initialisation) only.
     `extra`: flags (`--...`) and gin bindings appended last, so they win over the scale's."""
     scale = spec["scale"]
     seed = [] if finetune_seed is None else [f"train.seed = {int(finetune_seed)}"]
@@ -279,8 +292,11 @@ def evaluate_command(spec: Mapping[str, Any], path: str, out: str = "eval",
 
 
 def cell_spec(cell: Cell, scale: ScaleSpec) -> dict[str, Any]:
-    """Everything needed to run `cell` without re-reading the sweep files (cell.json)."""
+    """Everything needed to run `cell` without re-reading the sweep files (cell.json);
+    `control` only when true (an archived cell's cell.json is rewritten as it was)."""
     spec = dataclasses.asdict(cell)
+    if not spec["control"]:
+        del spec["control"]
     spec["rows"] = [list(r) for r in cell.rows]
     spec["scale"] = dataclasses.asdict(scale)
     return spec
@@ -313,7 +329,8 @@ def child_env(cache_dir: str | None = None) -> dict[str, str]:
     """The subprocess environment: ours minus XLA's fake host device count (a test-suite
     setting that would split the CPU into devices), unbuffered output, JAX's persistent
     compilation cache in `cache_dir` (every compiled program; unless the caller set one), and
-    huge pages for XLA:CPU's buffers (`t5x_like.hugepages`; set here, so no child re-executes)."""
+    huge pages for XLA:CPU's buffers (`t5x_like.runtime.hugepages`; set here, so no child
+    re-executes)."""
     env = hugepages.hugepage_env(os.environ)
     if cache_dir and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
@@ -415,6 +432,111 @@ def pretrain_summary(model_dir: str) -> dict[str, Any]:
             "eval_loss": evals[-1]["loss"] if evals else None}
 
 
+def init_command(path: str) -> list[str]:
+    """The argv that initialises a control cell's model (`init_model`) in a subprocess."""
+    return [sys.executable, "-m", "t5x_like.sweep", f"--init_cell={path}"]
+
+
+def init_model(path: str) -> str:
+    """A control cell's model dir without pre-training, `path/pretrain`: `params/` (orbax
+    PyTree) = the architecture's fresh initialisation under the cell's `train.seed` (the
+    trainer's step-0 params of that seed, bitwise on one device: `model.init_variables`,
+    jitted), and `config.gin` = the cell's parsed train config, written last. The layout of a
+    converted model dir (`python -m t5x_like.convert --to ours`), which `python -m
+    t5x_like.evaluate` fine-tunes from. Skipped when done (a partial earlier attempt is
+    replaced); returns the model dir."""
+    import flax.linen as nn
+    import gin
+    import jax
+
+    from t5x_like.convert.cli import write_tree
+    from t5x_like.models import TransformerConfig, make_model
+    from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR
+
+    with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
+        spec = json.load(f)
+    model_dir = os.path.abspath(os.path.join(path, "pretrain"))
+    config_path = os.path.join(model_dir, "config.gin")
+    if os.path.isfile(config_path):
+        return model_dir
+    try:
+        grid._parse(spec["gin_files"], spec["bindings"])
+        text = gin.config_str()
+        model = make_model(TransformerConfig())
+        seed, pack = int(gin.query_parameter("train.seed")), bool(gin.query_parameter("train.pack"))
+    finally:
+        gin.clear_config()
+    batch = model.example_batch(1, dict(spec["sequence_length"]), packed=pack)
+    # jitted as the trainer's (eager rounds the initialisers' scaling differently in the last bit)
+    init = jax.jit(lambda rng: nn.unbox(model.init_variables(rng, batch)["params"]))
+    params = jax.device_get(init(jax.random.key(seed)))
+    shutil.rmtree(model_dir, ignore_errors=True)
+    os.makedirs(model_dir)
+    write_tree(params, os.path.join(model_dir, CONVERTED_PARAMS_SUBDIR))
+    with open(f"{config_path}.tmp", "w", encoding="utf-8") as f:
+        f.write(f"{text}\n# No pre-training (a control cell): {CONVERTED_PARAMS_SUBDIR}/ holds the "
+                f"fresh initialisation (train.seed = {seed}).\ntrain.model_dir = {model_dir!r}\n")
+    os.replace(f"{config_path}.tmp", config_path)
+    count = sum(int(leaf.size) for leaf in jax.tree.leaves(params))
+    print(f"[t5x_like.sweep] {spec['cell_id']}: no pre-training; initialised {count:,} "
+          f"parameters (seed {seed}) in {model_dir}", flush=True)
+    return model_dir
+
+
+def _pretrain(spec: Mapping[str, Any], path: str, name: str, cache_dir: str,
+              log: Callable[[str], None]) -> tuple[float, float]:
+    """Pre-train the cell (a control cell: initialise it); returns (wall, CPU) seconds."""
+    log_path = os.path.join(path, "pretrain.log")
+    if spec.get("control"):
+        log(f"[sweep] {name}: control, no pre-training: initialising")
+        return _run(init_command(path), log_path, f"{name}: python -m t5x_like.sweep --init_cell",
+                    cache_dir)
+    log(f"[sweep] {name}: pre-training")
+    times = _run(train_command(spec, path), log_path, f"{name}: python -m t5x_like.train",
+                 cache_dir)
+    _check_finished(os.path.join(path, "pretrain"), name)
+    return times
+
+
+def exploratory_tasks(tasks: Sequence[str]) -> dict[str, bool]:
+    """task -> whether it is exploratory (`DownstreamSpec.exploratory`: designed after seeing
+    results) rather than pre-registered, for every evaluated task."""
+    from t5x_like.data import downstream
+
+    return {t: bool(downstream.get_spec(t).exploratory) for t in tasks}
+
+
+def _results(spec: Mapping[str, Any], path: str, evaluation: Mapping[str, Any],
+             wall: tuple[float, float], cpu: tuple[float, float]) -> dict[str, Any]:
+    """A finished cell's results.json (wall/cpu: (pre-training, evaluation) seconds)."""
+    measured = costs.measure(spec["gin_files"], spec["bindings"], spec["sequence_length"])
+    pretrain = pretrain_summary(os.path.join(path, "pretrain"))
+    control = bool(spec.get("control"))
+    if control:
+        pretrain["final_step"] = 0
+    steps = pretrain["final_step"] or 0
+    batch = measured.pop("batch_size")
+    tasks = evaluation.get("tasks", {})
+    return {
+        "cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
+        "scale": spec["scale"]["name"], "task": spec["task"], "control": control,
+        "code": code_version(), "host": host.describe(),
+        "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
+        **measured,
+        "pretrain": {**pretrain, "batch_size": batch,
+                     "input_tokens": steps * batch * spec["scale"]["inputs_length"]},
+        "suite_average": evaluation.get("suite_average"),
+        "baseline_average": evaluation.get("baseline_average"),
+        "tasks": {t: r.get("score") for t, r in tasks.items()},
+        "exploratory": exploratory_tasks(list(tasks)),
+        "evaluation": evaluation,
+        "seconds": {"pretrain": round(wall[0], 1), "evaluate": round(wall[1], 1),
+                    "total": round(sum(wall), 1)},
+        "cpu_seconds": {"pretrain": round(cpu[0], 1), "evaluate": round(cpu[1], 1),
+                        "total": round(sum(cpu), 1)},
+    }
+
+
 def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or resume) the cell described by `path/cell.json`; returns its results."""
     results_path = os.path.join(path, RESULTS)
@@ -430,10 +552,7 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
     except (assets.AssetError, data_prepare.PrepareError) as err:
         raise CellFailed(f"{name}: preparing the data directory: {err}") from err
     cache_dir = _cache_dir(path)
-    log(f"[sweep] {name}: pre-training")
-    pretrain_s, pretrain_cpu = _run(train_command(spec, path), os.path.join(path, "pretrain.log"),
-                                    f"{name}: python -m t5x_like.train", cache_dir)
-    _check_finished(os.path.join(path, "pretrain"), name)
+    pretrain_s, pretrain_cpu = _pretrain(spec, path, name, cache_dir, log)
     log(f"[sweep] {name}: pre-trained in {pretrain_s:.0f}s; evaluating")
     evaluate_s, evaluate_cpu = _run(evaluate_command(spec, path), os.path.join(path, "eval.log"),
                                     f"{name}: python -m t5x_like.evaluate", cache_dir)
@@ -442,27 +561,8 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
                          "(interrupted: it saved its fine-tune); run the sweep again to resume")
     with open(os.path.join(path, "eval", "results.json"), encoding="utf-8") as f:
         evaluation = json.load(f)
-    measured = costs.measure(spec["gin_files"], spec["bindings"], spec["sequence_length"])
-    pretrain = pretrain_summary(os.path.join(path, "pretrain"))
-    steps = pretrain["final_step"] or 0
-    batch = measured.pop("batch_size")
-    results = {
-        "cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
-        "scale": spec["scale"]["name"], "task": spec["task"], "code": code_version(),
-        "host": host.describe(),
-        "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
-        **measured,
-        "pretrain": {**pretrain, "batch_size": batch,
-                     "input_tokens": steps * batch * spec["scale"]["inputs_length"]},
-        "suite_average": evaluation.get("suite_average"),
-        "baseline_average": evaluation.get("baseline_average"),
-        "tasks": {t: r.get("score") for t, r in evaluation.get("tasks", {}).items()},
-        "evaluation": evaluation,
-        "seconds": {"pretrain": round(pretrain_s, 1), "evaluate": round(evaluate_s, 1),
-                    "total": round(pretrain_s + evaluate_s, 1)},
-        "cpu_seconds": {"pretrain": round(pretrain_cpu, 1), "evaluate": round(evaluate_cpu, 1),
-                        "total": round(pretrain_cpu + evaluate_cpu, 1)},
-    }
+    results = _results(spec, path, evaluation, (pretrain_s, evaluate_s),
+                       (pretrain_cpu, evaluate_cpu))
     write_json(results_path, results)
     log(f"[sweep] {name}: done in {pretrain_s + evaluate_s:.0f}s "
         f"({pretrain_cpu + evaluate_cpu:.0f}s CPU; suite average {results['suite_average']})")
@@ -474,21 +574,28 @@ def _locked_print(message: str) -> None:
         print(message, flush=True)
 
 
-def by_cost(cells: Sequence[Cell]) -> list[Cell]:
-    """The cells, most training FLOPs per sequence first (ties keep their order): started
-    first, the longest cells do not leave one core idle at the end of a parallel sweep."""
-    flops = {c.cell_id: costs.measure(c.gin_files, c.bindings, c.sequence_length)
-             ["flops_per_sequence"] for c in cells}
-    return sorted(cells, key=lambda c: -flops[c.cell_id])
+def run_order(cells: Sequence[Cell]) -> list[Cell]:
+    """The cells in the order a sweep runs them: seed-major (every row's seed 0, then seed 1,
+    ...), so a sweep spread over sessions and hosts gives each row seeds on every host it spans;
+    within a seed, most training FLOPs first (FLOPs per sequence x batch x steps; a control cell
+    has none; ties keep their order), so the longest cells do not leave one core idle at the
+    end of a parallel sweep."""
+    def cost(cell: Cell) -> float:
+        measured = costs.measure(cell.gin_files, cell.bindings, cell.sequence_length)
+        return (measured["flops_per_sequence"] * measured["batch_size"]
+                * measured["num_train_steps"])
+
+    flops = {c.cell_id: cost(c) for c in cells}
+    return sorted(cells, key=lambda c: (c.seed, -flops[c.cell_id]))
 
 
 def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
               parallel: int = 1, archive: str | None = None) -> list[str]:
-    """Run every cell (`parallel` at once, most expensive first; finished ones skipped), each
+    """Run every cell (`parallel` at once, in `run_order`; finished ones skipped), each
     archived when it finishes if `archive` is given; returns failure messages."""
     if parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {parallel}")
-    paths = [prepare(c, scale, sweep_dir) for c in by_cost(cells)]
+    paths = [prepare(c, scale, sweep_dir) for c in run_order(cells)]
     failures: list[str] = []
 
     def one(path: str) -> None:
@@ -506,10 +613,11 @@ def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
 
 
 def print_commands(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str) -> list[str]:
-    """Write every cell.json and return one shell line per unfinished cell, each running that
-    cell alone (`python -m t5x_like.sweep --run_cell=DIR`), for a cluster scheduler."""
+    """Write every cell.json and return one shell line per unfinished cell (in `run_order`),
+    each running that cell alone (`python -m t5x_like.sweep --run_cell=DIR`), for a cluster
+    scheduler."""
     lines = []
-    for cell in by_cost(cells):
+    for cell in run_order(cells):
         path = prepare(cell, scale, sweep_dir)
         if not is_done(path):
             lines.append(shlex.join([sys.executable, "-m", "t5x_like.sweep",

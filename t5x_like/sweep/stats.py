@@ -1,31 +1,48 @@
-"""Uncertainty for sweep results: a bootstrap over seeds and test examples, Kendall τ with a CI,
-paired differences for the paper's claims, and the seeds a difference would need.
+"""Uncertainty for sweep results: verdicts on the paper's claims that hold a family-wise error
+rate, intervals of row scores, the seeds a claim would need, Kendall τ's exact test, post-hoc
+pairs, host as a factor; and a bootstrap over seeds and test examples (for scripts).
 
 A row's score is the mean over its seeds of the suite average (the mean over tasks of each
-task's primary score on its test split). One bootstrap replicate draws, independently per row,
-the row's seeds with replacement and, shared by every row, each task's test examples with
-replacement (all rows are scored on the same examples, so that part of the noise is paired),
-then recomputes every row's score from the saved predictions. Percentile intervals over the
-replicates are the CIs; a claim's difference and Kendall's τ are computed inside each replicate,
-so their CIs carry the same noise.
+task's primary score on its test split). Every verdict, interval and seed count of a report
+comes from one design (`TableData`, `contrast`): a difference of row means, *unpaired* (seeds
+are independent across rows), whose variance adds two parts. The seed part is the within-row
+variance of per-seed scores pooled over the table's rows (the ANOVA's, with seeds minus rows
+degrees of freedom) times Σ w²/seeds. The test-example part is a jackknife over the test
+examples, which every row shares, counting only the covariance between *different* cells (a
+cell's own example noise is already in its seed spread). A t-test with Welch-Satterthwaite
+degrees of freedom gives each claim a p-value; Holm over a table's claims holds the chance of
+any false verdict in the table at `FAMILY_ALPHA`. Nothing here draws random numbers, so no
+random seed can decide a verdict, and every sum is plain Python or `math.fsum` (elementwise
+NumPy only), so reports rebuild to the same bytes on every CPU.
 
 Scores are recomputed from per-example codes (`TaskPredictions`): accuracy and exact match are
-means of a 0/1 vector, macro-F1 is over the classes present in the resampled targets, as
-`t5x_like.data.scoring.f1_macro` is over the classes present in its targets. Pure numpy.
+means of a 0/1 vector, macro-F1 is over the classes present in the targets, as
+`t5x_like.data.scoring.f1_macro` is. `row_replicates` (the bootstrap: per row the seeds with
+replacement, per task the test examples with replacement, shared by the rows) is kept for the
+scripts that compare re-fine-tuned checkpoints; it decides no verdict.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from t5x_like.sweep.paper import Claim
 
-#: Percentile interval of every CI.
+#: Confidence of a row's interval and of the unadjusted claim intervals.
 CONFIDENCE = 0.95
+#: The chance of any false verdict among one table's claims, and of any false "these rows
+#: differ" among its pairs.
+FAMILY_ALPHA = 0.05
+#: The power "seeds needed" plans for.
+POWER = 0.80
+#: Kendall's exact test enumerates every order of the rows when scores tie, up to this many.
+MAX_ENUMERATED_ROWS = 10
 DEFAULT_REPLICATES = 2000
 
 
@@ -150,24 +167,238 @@ def point_scores(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
                                  for t in tasks])) for s in seeds] for row, seeds in rows.items()}
 
 
-def seeds_needed(differences: Sequence[float], margin: float = 0.0) -> int | None:
-    """Seeds per row for a 95% CI of a paired difference to settle a claim, from per-seed
-    differences (normal approximation). A '>' claim (`margin` 0) is settled when the CI
-    excludes 0; an '≈' claim when the CI lies inside ±margin or outside it, i.e. when the CI's
-    half-width is below the distance from |mean| to the margin: n = (1.96 σ / ||mean| -
-    margin|)². None without spread or with the mean on the boundary."""
-    d = np.asarray(differences, np.float64)
-    if len(d) < 2 or not np.isfinite(d).all():
+# ---- Verdicts: one t-based design for every claim, interval and seed count -----------------
+
+
+def jackknife_deviations(pred: TaskPredictions) -> np.ndarray:
+    """[n] each test example's leave-one-out score (0-100) minus the mean of those scores."""
+    return _jackknife(pred)[1]
+
+
+def _jackknife(pred: TaskPredictions) -> tuple[float, np.ndarray]:
+    """The score on the whole test split and `jackknife_deviations`.
+
+    (n-1)/n Σ_i u_a[i] u_b[i] is the jackknife covariance of two cells' scores over the test
+    examples (for accuracy, exactly the sample covariance of the 0/1 vectors over n). Only
+    elementwise arithmetic and `math.fsum`: the same bits on every CPU."""
+    t, o = pred.targets, pred.outputs
+    n = len(t)
+    if n < 2:
+        raise ValueError("the jackknife needs at least 2 test examples")
+    if pred.metric in ("accuracy", "exact_match"):
+        right = int((t == o).sum())
+        return 100.0 * (right / n), 100.0 * (right / n - (t == o).astype(np.float64)) / (n - 1)
+    if pred.metric != "f1_macro":
+        raise ValueError(f"no jackknife for metric {pred.metric!r}")
+    size = int(max(t.max(), o.max())) + 1
+    gold, out = np.bincount(t, minlength=size), np.bincount(o, minlength=size)
+    same = t == o
+    tp = np.bincount(t[same], minlength=size)
+    f1 = np.where(gold > 0, 2.0 * tp / np.maximum(gold + out, 1), 0.0)
+    total, present = math.fsum(f1.tolist()), int((gold > 0).sum())
+    # removing example i changes the target's class (a) and, when wrong, the output's (b)
+    gold_a, tp_a, out_a = gold[t] - 1, tp[t] - same, out[t] - same
+    f1_a = np.where(gold_a > 0, 2.0 * tp_a / np.maximum(gold_a + out_a, 1), 0.0)
+    other = ~same & (gold[o] > 0)
+    f1_b = np.where(other, 2.0 * tp[o] / np.maximum(gold[o] + out[o] - 1, 1), 0.0)
+    loo = 100.0 * ((((total - f1[t]) - np.where(other, f1[o], 0.0)) + f1_a) + f1_b) / (
+        present - (gold_a == 0))
+    return 100.0 * total / present, loo - math.fsum(loo.tolist()) / n
+
+
+def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
+    """The within-row variance of per-seed scores pooled over the rows with >= 2 seeds, and
+    its degrees of freedom (seeds minus rows); (None, 0) without such a row. Plain Python in a
+    fixed order, as `report.rows_differ`."""
+    groups = [[float(x) for x in g] for g in groups if len(g) >= 2]
+    df = sum(len(g) for g in groups) - len(groups)
+    if df == 0:
+        return None, 0
+    return sum((x - sum(g) / len(g)) ** 2 for g in groups for x in g) / df, df
+
+
+@dataclasses.dataclass(frozen=True)
+class TableData:
+    """What every test of one table reads: per row, each seed's score (the mean over `tasks` of
+    the task's score on its full test split) and, per seed and task, the jackknife deviations
+    over the test examples (`jackknife_deviations`, with their sums of squares); the seed
+    variance pooled over the rows, with its degrees of freedom."""
+
+    tasks: tuple[str, ...]
+    sizes: dict[str, int]
+    points: dict[str, list[float]]
+    deviations: dict[str, list[dict[str, np.ndarray]]]
+    squares: dict[str, list[dict[str, float]]]
+    seed_var: float | None
+    seed_df: int
+
+
+def table_data(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
+               tasks: Sequence[str]) -> TableData:
+    """`rows[row]` = one {task: predictions} per seed; every seed of every row must hold the
+    same test examples per task (same count)."""
+    sizes: dict[str, int] = {}
+    points, deviations, squares = {}, {}, {}
+    for row, seeds in rows.items():
+        if not seeds:
+            raise ValueError(f"row {row!r} has no finished seed")
+        points[row], deviations[row], squares[row] = [], [], []
+        for per_task in seeds:
+            for task in tasks:
+                n = len(per_task[task].targets)
+                if sizes.setdefault(task, n) != n:
+                    raise ValueError(f"task {task}: {n} test examples in row {row!r}, "
+                                     f"{sizes[task]} elsewhere")
+            found = {t: _jackknife(per_task[t]) for t in tasks}
+            points[row].append(math.fsum(found[t][0] for t in tasks) / len(tasks))
+            devs = {t: found[t][1] for t in tasks}
+            deviations[row].append(devs)
+            squares[row].append({t: math.fsum((d * d).tolist()) for t, d in devs.items()})
+    seed_var, seed_df = pooled_variance(list(points.values()))
+    return TableData(tuple(tasks), sizes, points, deviations, squares, seed_var, seed_df)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """Σ_r w_r (mean of row r over its seeds), unpaired across rows. Its variance is the seed
+    part (pooled seed variance × Σ w_r² / seeds_r, `seed_df` degrees of freedom) plus the
+    test-example part: the jackknife covariances over the shared test examples between
+    *different* cells (a cell's own example noise is already in the seed spread; see
+    `_example_var`), floored at 0. `df`: Welch-Satterthwaite over the two parts (None: no
+    seed spread to test with)."""
+
+    estimate: float
+    seed_var: float | None
+    example_var: float
+    seed_df: int
+    df: float | None
+
+    @property
+    def se(self) -> float | None:
+        """The standard error, or None when untestable."""
+        if self.seed_var is None:
+            return None
+        return math.sqrt(self.seed_var + self.example_var)
+
+
+def _satterthwaite(seed_var: float, seed_df: float, example_var: float,
+                   example_df: float) -> float:
+    total = seed_var + example_var
+    if total == 0.0:
+        return float(seed_df)
+    return total * total / (seed_var * seed_var / seed_df + example_var * example_var / example_df)
+
+
+def _example_var(data: TableData, weights: Mapping[str, float]) -> float:
+    """The test-example part of a contrast's variance (see `Contrast`): the jackknife
+    covariances between different rows as they are; within a row, the covariance between its
+    different seeds stands for every pair of its seeds, its own too (a cell's covariance with
+    itself also holds the example noise of that one fine-tune, which the seed spread carries);
+    a one-seed row adds only its covariances with the other rows."""
+    parts = []
+    for t in data.tasks:
+        n = data.sizes[t]
+        combined, cross = np.zeros(n, np.float64), []
+        for row, weight in weights.items():
+            c = weight / len(data.points[row]) / len(data.tasks)
+            seeds = len(data.points[row])
+            within = np.zeros(n, np.float64)
+            for devs in data.deviations[row]:
+                within = within + c * devs[t]
+            combined = combined + within
+            squares = math.fsum((within * within).tolist())
+            own = math.fsum(c * c * sq[t] for sq in data.squares[row])
+            cross += [-squares, (squares - own) * seeds / (seeds - 1) if seeds > 1 else 0.0]
+        cross.append(math.fsum((combined * combined).tolist()))
+        parts.append((n - 1) / n * math.fsum(cross))
+    return max(0.0, math.fsum(parts))
+
+
+def contrast(data: TableData, weights: Mapping[str, float]) -> Contrast:
+    """The contrast `weights` (row -> weight) of the rows' mean scores, with its variance."""
+    estimate = math.fsum(w * (sum(data.points[r]) / len(data.points[r]))
+                         for r, w in weights.items())
+    example_var = _example_var(data, weights)
+    if data.seed_var is None:
+        return Contrast(estimate, None, example_var, 0, None)
+    seed_var = data.seed_var * math.fsum(w * w / len(data.points[r]) for r, w in weights.items())
+    example_df = min(data.sizes.values()) - 1
+    return Contrast(estimate, seed_var, example_var, data.seed_df,
+                    _satterthwaite(seed_var, data.seed_df, example_var, example_df))
+
+
+def _t_sf(x: float, df: float) -> float:
+    """P(T > x), T Student-t with `df` degrees of freedom (scipy.special: no BLAS)."""
+    from scipy import special
+
+    return float(special.stdtr(df, -x))
+
+
+def _t_quantile(q: float, df: float) -> float:
+    from scipy import special
+
+    return float(special.stdtrit(df, q))
+
+
+def _significant(x: float | None, digits: int = 10) -> float | None:
+    """`x` to `digits` significant digits: a p-value or interval from scipy's special functions
+    (libm underneath) then serialises to the same JSON on every host."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def interval(c: Contrast, confidence: float) -> tuple[float, float] | None:
+    """The two-sided t interval of a contrast at `confidence` (None when untestable)."""
+    if c.se is None or c.df is None:
         return None
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
-    gap = abs(abs(mean) - margin)
-    if gap == 0.0 or sd == 0.0:
-        return None
-    return max(1, math.ceil((1.96 * sd / gap) ** 2))
+    half = _t_quantile(1.0 - (1.0 - confidence) / 2.0, c.df) * c.se
+    return c.estimate - half, c.estimate + half
+
+
+def claim_weights(claim: Claim) -> dict[str, float]:
+    """row -> weight: mean of the `better` rows minus mean of the `worse` rows."""
+    weights = {r: 1.0 / len(claim.better) for r in claim.better}
+    weights.update({r: -1.0 / len(claim.worse) for r in claim.worse})
+    return weights
+
+
+def claim_p_value(claim: Claim, c: Contrast) -> tuple[float | None, str]:
+    """The p-value of the verdict the data point to, and that verdict. A '>' claim: two-sided
+    test of a zero difference ('reproduced' above 0, 'contradicted' below). An '≈' claim with
+    margin m: 'reproduced' by two one-sided tests against ±m (TOST, each at half the level, as
+    a two-sided interval inside ±m), 'contradicted' by a one-sided test beyond the nearer of ±m
+    (an interval outside ±m); p is twice the deciding one-sided p, so p < γ exactly when the
+    (1 - γ) interval settles it (`verdict`). None when untestable."""
+    se = c.se
+    if se is None or c.df is None or se == 0.0:
+        return None, "unresolved"
+    above = lambda bound: _t_sf((c.estimate - bound) / se, c.df)  # p of "difference > bound"
+    below = lambda bound: _t_sf((bound - c.estimate) / se, c.df)
+    if claim.relation == ">":
+        candidates = {"reproduced": 2.0 * above(0.0), "contradicted": 2.0 * below(0.0)}
+    elif claim.relation == "≈":
+        m = claim.margin
+        candidates = {"reproduced": 2.0 * max(above(-m), below(m)),
+                      "contradicted": 2.0 * min(above(m), below(-m))}
+    else:
+        raise ValueError(f"claim relation must be '>' or '≈', got {claim.relation!r}")
+    settles = min(candidates, key=lambda v: (candidates[v], v))
+    return min(1.0, candidates[settles]), settles
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (reject where adjusted < α: family-wise error rate α
+    under any dependence between the tests)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: (p_values[i], i))
+    adjusted, running = [1.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def verdict(claim: Claim, lo: float, hi: float) -> str:
-    """'reproduced' | 'contradicted' | 'unresolved' from the difference's CI."""
+    """'reproduced' | 'contradicted' | 'unresolved' from an interval of the difference."""
     if claim.relation == ">":
         if lo > 0:
             return "reproduced"
@@ -179,25 +410,271 @@ def verdict(claim: Claim, lo: float, hi: float) -> str:
     raise ValueError(f"claim relation must be '>' or '≈', got {claim.relation!r}")
 
 
-def evaluate_claim(claim: Claim, replicates: Mapping[str, np.ndarray],
-                   points: Mapping[str, Sequence[float]]) -> dict | None:
-    """The claim's difference (full-data point estimate), its CI, verdict and, for an
-    unresolved claim, the seeds per row a settling CI would need (`seeds_needed`; a settled
-    one needs none); None when a row has no results."""
-    if any(r not in replicates for r in (*claim.better, *claim.worse)):
+def power(gap: float, seed_var: float, weight_squares: float, example_var: float, rows: int,
+          seeds: int, alpha: float, example_df: float = math.inf) -> float:
+    """The chance that a two-sided t-test at level `alpha` settles a contrast whose true size
+    is `gap` past its boundary, with `seeds` seeds in each of the table's `rows` rows (seed
+    df = rows × (seeds - 1)): noncentral t, the far tail ignored. `seed_var` is one seed's
+    variance, `weight_squares` = Σ w_r² over the contrast's rows."""
+    from scipy import special
+
+    seed_part = seed_var * weight_squares / seeds
+    df = _satterthwaite(seed_part, rows * (seeds - 1), example_var, example_df)
+    se = math.sqrt(seed_part + example_var)
+    return 1.0 - float(special.nctdtr(df, gap / se, _t_quantile(1.0 - alpha / 2.0, df)))
+
+
+def seeds_for_power(gap: float, seed_var: float, weight_squares: float, example_var: float,
+                    rows: int, alpha: float, target: float = POWER,
+                    example_df: float = math.inf, limit: int = 100_000) -> int | None:
+    """The fewest seeds per row (>= 2) for `power` >= `target`; None when the gap is 0 or no
+    number of seeds reaches it (the test-example part alone is too wide: with infinitely many
+    seeds the power tends to Φ(gap / sqrt(example_var) - z_{1-α/2}))."""
+    from scipy import special
+
+    if gap <= 0.0 or seed_var <= 0.0:
         return None
-    boot = (np.mean([replicates[r] for r in claim.better], axis=0)
-            - np.mean([replicates[r] for r in claim.worse], axis=0))
-    seeds = min(len(points[r]) for r in (*claim.better, *claim.worse))
-    per_seed = [np.mean([points[r][s] for r in claim.better])
-                - np.mean([points[r][s] for r in claim.worse]) for s in range(seeds)]
-    point = float(np.mean([np.mean(points[r]) for r in claim.better])
-                  - np.mean([np.mean(points[r]) for r in claim.worse]))
-    lo, hi = percentile_ci(boot)
+    if example_var > 0.0 and float(special.ndtr(gap / math.sqrt(example_var) - float(
+            special.ndtri(1.0 - alpha / 2.0)))) < target:
+        return None
+    reached = lambda n: power(gap, seed_var, weight_squares, example_var, rows, n, alpha,
+                              example_df) >= target
+    lo, hi = 1, 2  # reached(lo) is False (one seed has no spread), search (lo, hi]
+    while not reached(hi):
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reached(mid) else (mid, hi)
+    return hi
+
+
+def seeds_needed(differences: Sequence[float], margin: float = 0.0) -> int | None:
+    """Seeds for 80% power (`POWER`) to settle a claim at two-sided α = 0.05 from per-seed
+    paired differences (a one-sample t-test, noncentral t), taking their mean and std as
+    true; a '≈' claim's gap is the distance from |mean| to `margin`. None without spread or
+    with the mean on the boundary."""
+    d = [float(x) for x in differences]
+    if len(d) < 2 or not all(math.isfinite(x) for x in d):
+        return None
+    mean = math.fsum(d) / len(d)
+    var = math.fsum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return seeds_for_power(abs(abs(mean) - margin), var, 1.0, 0.0, 1, 1.0 - CONFIDENCE)
+
+
+def _plan(claim: Claim, c: Contrast, data: TableData, alpha: float) -> dict[str, Any]:
+    """Seeds per row for 80% power at `alpha`, at the pooled seed variance and at both ends
+    of its 95% interval (chi-square), the observed difference taken as the truth."""
+    from scipy import special
+
+    gap = abs(c.estimate) if claim.relation == ">" else abs(abs(c.estimate) - claim.margin)
+    squares = math.fsum(w * w for w in claim_weights(claim).values())
+    rows, example_df = len(data.points), min(data.sizes.values()) - 1
+    tail = (1.0 - CONFIDENCE) / 2.0
+    low, high = (data.seed_var * data.seed_df / float(special.chdtri(data.seed_df, q))
+                 for q in (tail, 1.0 - tail))
+    needed = [seeds_for_power(gap, v, squares, c.example_var, rows, alpha, example_df=example_df)
+              for v in (low, data.seed_var, high)]
+    return {"seeds_needed": needed[1], "seeds_needed_range": [needed[0], needed[2]],
+            "seeds_limit": "test examples" if needed[1] is None and gap > 0 else None}
+
+
+def _claim_result(claim: Claim, c: Contrast, p: float | None, adjusted: float | None,
+                  settles: str, data: TableData, alpha: float, family: int,
+                  plan: bool) -> dict[str, Any]:
+    """One claim's JSON entry (see `evaluate_claims`)."""
     result = {"table": claim.table, "claim": claim.text, "relation": claim.relation,
-              "margin": claim.margin, "difference": point, "ci": [lo, hi],
-              "verdict": verdict(claim, lo, hi), "seeds": seeds, "seeds_needed": None}
-    if result["verdict"] == "unresolved":
-        result["seeds_needed"] = seeds_needed(
-            per_seed, claim.margin if claim.relation == "≈" else 0.0)
+              "margin": claim.margin, "difference": c.estimate, "se": _significant(c.se),
+              "df": _significant(c.df), "p": _significant(p), "p_holm": _significant(adjusted),
+              "verdict": "unresolved", "ci": None, "ci_confidence": None, "ci95": None,
+              "seeds": min(len(data.points[r]) for r in (*claim.better, *claim.worse)),
+              "seeds_needed": None, "seeds_needed_range": None, "seeds_limit": None}
+    if p is None:
+        return result
+    level = alpha * p / adjusted if adjusted > 0.0 else alpha / family
+    result["ci"] = [_significant(x) for x in interval(c, 1.0 - level)]
+    result["ci_confidence"] = _significant(1.0 - level)
+    result["ci95"] = [_significant(x) for x in interval(c, CONFIDENCE)]
+    if adjusted < alpha:
+        result["verdict"] = settles
+    elif plan:
+        result.update(_plan(claim, c, data, alpha / family))
+    return result
+
+
+def evaluate_claims(claims: Sequence[Claim], data: TableData, alpha: float = FAMILY_ALPHA,
+                    plan: bool = True) -> list[dict[str, Any]]:
+    """The claims of one table whose rows all have results, each a `contrast` of its rows
+    with a t-test (`claim_p_value`), Holm over the table's testable claims so that the chance
+    of any false verdict in the table is at most `alpha`. Per claim: the difference, its
+    standard error and df, p and Holm's adjusted p, the verdict, `ci` at Holm's level for the
+    claim (confidence 1 - α·p/p_holm, between 1 - α/m and 1 - α/(m - rank + 1): it clears the
+    claim's boundary exactly when the verdict is settled), the unadjusted `ci95`, and for an
+    unresolved claim the seeds per row for 80% power at α/m (`_plan`; `plan` false skips it)."""
+    tested = []
+    for claim in claims:
+        if any(r not in data.points for r in (*claim.better, *claim.worse)):
+            continue
+        c = contrast(data, claim_weights(claim))
+        tested.append((claim, c, *claim_p_value(claim, c)))
+    family = [p for _, _, p, _ in tested if p is not None]
+    adjusted = iter(holm(family))
+    return [_claim_result(claim, c, p, None if p is None else next(adjusted), settles, data,
+                          alpha, len(family), plan) for claim, c, p, settles in tested]
+
+
+def row_interval(data: TableData, row: str, confidence: float = CONFIDENCE
+                 ) -> tuple[float, float] | None:
+    """A row's mean score with a t interval (the same design as the claims), or None."""
+    found = interval(contrast(data, {row: 1.0}), confidence)
+    return None if found is None else (_significant(found[0]), _significant(found[1]))
+
+
+# ---- Kendall τ: the test, exact ---------------------------------------------------------------
+
+
+def _sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+def _concordance(x: Sequence[float], y: Sequence[float]) -> int:
+    """Σ_{i<j} sign(x_j - x_i) sign(y_j - y_i): Kendall's S, an integer."""
+    k = len(x)
+    return sum(_sign(x[j] - x[i]) * _sign(y[j] - y[i]) for i in range(k) for j in range(i + 1, k))
+
+
+def _inversion_counts(k: int) -> list[int]:
+    """How many permutations of k items have 0, 1, ... k(k-1)/2 inversions (Mahonian
+    numbers, exact integers)."""
+    counts = [1]
+    for size in range(2, k + 1):
+        wider = [0] * (len(counts) + size - 1)
+        for inversions, count in enumerate(counts):
+            for extra in range(size):
+                wider[inversions + extra] += count
+        counts = wider
+    return counts
+
+
+def kendall_permutation_p(x: Sequence[float], y: Sequence[float],
+                          max_enumerated: int = MAX_ENUMERATED_ROWS) -> float | None:
+    """Two-sided exact permutation p-value of Kendall's τ-b between `x` and `y`: the share of
+    the k! orders of `y` whose |S| is at least the observed |S| (τ-b's denominator does not
+    change under them). Without ties S = k(k-1)/2 - 2 × inversions, counted exactly for any k;
+    with ties every order is enumerated (k <= `max_enumerated`, else None). None below 2
+    rows or with a constant list."""
+    x, y = [float(v) for v in x], [float(v) for v in y]
+    k = len(x)
+    if k != len(y):
+        raise ValueError(f"kendall: {k} vs {len(y)} scores")
+    if k < 2 or len(set(x)) == 1 or len(set(y)) == 1:
+        return None
+    observed = abs(_concordance(x, y))
+    if len(set(x)) == k and len(set(y)) == k:
+        pairs = k * (k - 1) // 2
+        hits = sum(c for inv, c in enumerate(_inversion_counts(k)) if abs(pairs - 2 * inv)
+                   >= observed)
+        return hits / math.factorial(k)
+    if k > max_enumerated:
+        return None
+    order = np.fromiter(itertools.chain.from_iterable(itertools.permutations(range(k))),
+                        np.int8, count=math.factorial(k) * k).reshape(-1, k)
+    ranks_y = np.array([sorted(set(y)).index(v) for v in y], np.int16)[order]  # [k!, k]
+    s = np.zeros(len(order), np.int64)
+    for i in range(k):
+        for j in range(i + 1, k):
+            s += _sign(x[j] - x[i]) * np.sign(ranks_y[:, j] - ranks_y[:, i])
+    return int((np.abs(s) >= observed).sum()) / math.factorial(k)
+
+
+# ---- Post-hoc pairs and host as a factor (plain Python: the same bits on every CPU) --------
+
+
+def pairwise(groups: Mapping[str, Sequence[float]],
+             alpha: float = FAMILY_ALPHA) -> dict[str, Any] | None:
+    """Every pair of rows by a t-test on their per-seed scores with the pooled seed variance
+    (the ANOVA's within-row mean square, its df), Holm over the k(k-1)/2 pairs: the pairs with
+    `differ` true are the ones the family-wise error rate `alpha` lets us call different.
+    Rows in `groups` order; None without a pooled variance or with < 2 rows."""
+    rows = {r: [float(x) for x in g] for r, g in groups.items() if g}
+    var, df = pooled_variance(list(rows.values()))
+    if var is None or len(rows) < 2 or var == 0.0:
+        return None
+    means = {r: sum(g) / len(g) for r, g in rows.items()}
+    names = list(rows)
+    pairs = []
+    for a, first in enumerate(names):
+        for second in names[a + 1:]:
+            diff = means[first] - means[second]
+            se = math.sqrt(var * (1.0 / len(rows[first]) + 1.0 / len(rows[second])))
+            hi, lo = (first, second) if diff >= 0 else (second, first)
+            pairs.append({"better": hi, "worse": lo, "difference": abs(diff),
+                          "p": min(1.0, 2.0 * _t_sf(abs(diff) / se, df))})
+    for pair, adjusted in zip(pairs, holm([p["p"] for p in pairs]), strict=True):
+        pair.update(p=_significant(pair["p"]), p_holm=_significant(adjusted),
+                    differ=adjusted < alpha)
+    return {"method": "Holm over pairwise t-tests, pooled seed variance", "seed_df": df,
+            "alpha": alpha, "pairs": pairs}
+
+
+def _solve(matrix: list[list[float]], vector: list[float]) -> tuple[list[float], int]:
+    """Least squares via the normal equations `matrix` β = `vector` (symmetric, small) by
+    Gauss-Jordan elimination with pivoting in plain Python; columns without a usable pivot are
+    dropped (β 0). Returns β and the rank."""
+    size = len(vector)
+    a = [list(row) + [v] for row, v in zip(matrix, vector, strict=True)]
+    scale = max([abs(a[i][i]) for i in range(size)] + [0.0])
+    used, where = [], {}
+    for col in range(size):
+        pivot = max((r for r in range(size) if r not in used), key=lambda r: abs(a[r][col]),
+                    default=None)
+        if pivot is None or abs(a[pivot][col]) <= 1e-12 * scale:
+            continue
+        used.append(pivot)
+        where[col] = pivot
+        for r in range(size):
+            if r != pivot and a[r][col] != 0.0:
+                factor = a[r][col] / a[pivot][col]
+                a[r] = [v - factor * p for v, p in zip(a[r], a[pivot], strict=True)]
+    beta = [a[where[c]][size] / a[where[c]][c] if c in where else 0.0 for c in range(size)]
+    return beta, len(where)
+
+
+def host_factor(cells: Sequence[tuple[str, str, float]]) -> dict[str, Any] | None:
+    """Host as a factor beside the rows: `cells` = (row, host, score) per seed. An additive
+    model score = row + host, tested against rows alone with an F-test on the host terms after
+    the rows (within-row demeaned host indicators; Frisch-Waugh). A host that never shares a
+    row with another cannot be told apart from its rows: with no row spanning two hosts the
+    host is confounded and untested (`testable` false). None with one host."""
+    hosts = sorted({h for _, h, _ in cells})
+    if len(hosts) < 2:
+        return None
+    by_row: dict[str, list[tuple[str, float]]] = {}
+    for row, host, score in cells:
+        by_row.setdefault(row, []).append((host, float(score)))
+    demeaned_y, demeaned_x = [], []
+    for members in by_row.values():
+        mean = sum(s for _, s in members) / len(members)
+        shares = [sum(h == name for h, _ in members) / len(members) for name in hosts[1:]]
+        for host, score in members:
+            demeaned_y.append(score - mean)
+            demeaned_x.append([(host == name) - share for name, share in
+                               zip(hosts[1:], shares, strict=True)])
+    columns = range(len(hosts) - 1)
+    gram = [[sum(x[i] * x[j] for x in demeaned_x) for j in columns] for i in columns]
+    moment = [sum(x[i] * y for x, y in zip(demeaned_x, demeaned_y, strict=True)) for i in columns]
+    beta, rank = _solve(gram, moment)
+    within = sum(y * y for y in demeaned_y)
+    df_resid = len(cells) - len(by_row) - rank
+    result = {"hosts": hosts, "rows_spanning_hosts": sum(
+        len({h for h, _ in m}) > 1 for m in by_row.values()), "testable": rank > 0,
+        "f": None, "p": None, "df": [rank, df_resid],
+        "effects": {name: _significant(b) for name, b in zip(hosts[1:], beta, strict=True)}}
+    explained = sum(b * m for b, m in zip(beta, moment, strict=True))
+    if rank > 0 and df_resid > 0 and within - explained > 0.0:
+        from scipy import special
+
+        f = (explained / rank) / ((within - explained) / df_resid)
+        result.update(f=_significant(f), p=_significant(float(special.fdtrc(rank, df_resid, f))))
     return result

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import sys
 
-from t5x_like.hugepages import reexec_with_hugepages
+from t5x_like.runtime.hugepages import reexec_with_hugepages
 
 if __name__ == "__main__":
-    reexec_with_hugepages()  # huge pages for XLA:CPU's buffers; see t5x_like/hugepages.py
+    reexec_with_hugepages()  # huge pages for XLA:CPU's buffers; see t5x_like/runtime/hugepages.py
     from t5x_like.train.cli import main  # after the re-exec: its imports take 2.5 s
 
     sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,8 @@
 
 Layout under ``model_dir``::
 
-    checkpoints/<step>/state/   train state {'step', 'params', 'opt_state'} (orbax, sharded)
+    checkpoints/<step>/state/   train state {'step', 'params', 'opt_state'} (orbax, sharded;
+                                a `TrainState` is stored as this dict, `TrainState.as_dict`)
     checkpoints/<step>/data/    JSON: batches consumed by the train iterator
     data_state/<step>/process_<k>/   tf.data iterator checkpoint of process k (when supported)
 
@@ -34,6 +35,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from t5x_like.train.train_state import TrainState
 
 CHECKPOINT_SUBDIR = "checkpoints"
 #: Where `python -m t5x_like.convert --to ours` puts the parameter tree (beside its config.gin).
@@ -235,6 +238,11 @@ def compare_trees(expected: Any, found: Any, *, what: str, limit: int = 20) -> N
         )
 
 
+def _stored_tree(state: Any) -> Any:
+    """The tree orbax stores for ``state``: a `TrainState` as its dict, any other tree as is."""
+    return state.as_dict() if isinstance(state, TrainState) else state
+
+
 def _metadata_tree(meta: Any) -> Any:
     """The plain tree of an orbax item metadata object."""
     meta = getattr(meta, "item_metadata", meta)  # StepMetadata (checkpointer.metadata)
@@ -305,6 +313,7 @@ class Checkpointer:
 
         Raises CheckpointSaveError when the disk cannot hold the step (checked first, before
         anything is written) or the previous save failed; ``poll``/``wait`` confirm the save.
+        A `TrainState` is stored as its dict (`TrainState.as_dict`).
         """
         if not force and not self.should_save(step):
             return False
@@ -316,7 +325,7 @@ class Checkpointer:
         try:
             return bool(self.manager.save(
                 step,
-                args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                args=ocp.args.Composite(state=ocp.args.StandardSave(_stored_tree(state)),
                                         data=ocp.args.JsonSave(dict(data_state))),
                 force=True,
             ))
@@ -435,22 +444,26 @@ class Checkpointer:
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """Restore ``step`` onto the shardings of ``abstract_state`` (ShapeDtypeStructs).
 
-        Raises CheckpointMismatchError naming each parameter whose shape differs, and
+        The state comes back as ``abstract_state``'s type (a `TrainState` or a dict). Raises
+        CheckpointMismatchError naming each parameter whose shape differs, and
         CheckpointUnreadableError (one line, the cause) when the step's files cannot be read.
         """
+        target = _stored_tree(abstract_state)
         saved = self.state_metadata(step)
         compare_trees(
-            abstract_state.get("params"), saved.get("params"),
-            what=f"checkpoint {self.directory}/{step}",
+            target.get("params"), saved.get("params"), what=f"checkpoint {self.directory}/{step}",
         )
         compare_trees(
-            abstract_state, saved, what=f"checkpoint {self.directory}/{step} (optimizer state)"
+            target, saved, what=f"checkpoint {self.directory}/{step} (optimizer state)"
         )
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
         restored = _quiet_restore(lambda: self.manager.restore(step, args=args),
                                   os.path.join(self.directory, str(step)))
-        return restored["state"], dict(restored["data"] or {})
+        state = restored["state"]
+        if isinstance(abstract_state, TrainState):
+            state = TrainState.from_dict(state)
+        return state, dict(restored["data"] or {})
 
     def restore_latest(
         self, abstract_state: Any, *, step: int | None = None,

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like.train import partitioning as P
+from t5x_like.train import partitioning
 from t5x_like.train.optimizers import Optimizer
-from t5x_like.train.train_state import ShardedState
+from t5x_like.train.train_state import ShardedState, TrainState
 
 NONFINITE_POLICIES = ("stop", "skip")
 #: Model metrics that are counts (summed over microbatches); all others are token-weighted means.
@@ -50,7 +50,8 @@ def make_train_step(
     *,
     num_microbatches: int = 1,
     on_nonfinite: str = "stop",
-) -> Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[Any, dict[str, jax.Array]]]:
+) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array],
+              tuple[TrainState, dict[str, jax.Array]]]:
     """``step(state, batch, rng) -> (state, metrics)`` (un-jitted; see ``jit_train_step``).
 
     ``on_nonfinite='skip'`` leaves params/optimizer state unchanged when the loss or gradient
@@ -69,9 +70,10 @@ def make_train_step(
         out["loss"] = jnp.asarray(loss, jnp.float32) * weight
         return grads, out
 
-    def step(state: Any, batch: Mapping[str, jax.Array], rng: jax.Array) -> tuple[Any, dict]:
-        params = state["params"]
-        rng = jax.random.fold_in(rng, state["step"])
+    def step(state: TrainState, batch: Mapping[str, jax.Array], rng: jax.Array
+             ) -> tuple[TrainState, dict]:
+        params = state.params
+        rng = jax.random.fold_in(rng, state.step)
         total = jnp.maximum(jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32)), 1.0)
         if num_microbatches <= 1:
             grads, metrics = one(params, batch, rng, total)
@@ -93,31 +95,31 @@ def make_train_step(
             )
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-        updates, new_opt = optimizer.tx.update(grads, state["opt_state"], params)
+        updates, new_opt = optimizer.tx.update(grads, state.opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if on_nonfinite == "skip":
             keep = lambda new, old: jnp.where(finite, new, old)
             new_params = jax.tree.map(keep, new_params, params)
-            new_opt = jax.tree.map(keep, new_opt, state["opt_state"])
+            new_opt = jax.tree.map(keep, new_opt, state.opt_state)
         metrics = dict(metrics)
         metrics.update(
             grad_norm=grad_norm,
-            learning_rate=jnp.asarray(optimizer.schedule(state["step"]), jnp.float32),
+            learning_rate=jnp.asarray(optimizer.schedule(state.step), jnp.float32),
             finite=finite.astype(jnp.float32),
             param_norm=optax.global_norm(new_params),
         )
-        new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": new_opt}
+        new_state = TrainState(opt_state=new_opt, params=new_params, step=state.step + 1)
         return new_state, metrics
 
     return step
 
 
 def jit_train_step(step: Callable[..., Any], plan: ShardedState, mesh: jax.sharding.Mesh,
-                   rules: P.LogicalRules) -> Callable[..., Any]:
+                   rules: partitioning.LogicalRules) -> Callable[..., Any]:
     """Jit the train step with the state's shardings (donated) and batch-sharded inputs."""
-    batch_sh = P.batch_sharding(mesh, rules)
+    batch_sh = partitioning.batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
-    return P.jit_sharded(
+    return partitioning.jit_sharded(
         step, mesh, rules,
         in_shardings=(plan.shardings, batch_sh, replicated),
         out_shardings=(plan.shardings, replicated),
@@ -142,11 +144,11 @@ def make_eval_step(model: Any) -> Callable[[Any, Mapping[str, jax.Array]], dict[
 
 
 def jit_eval_step(fn: Callable[..., Any], plan: ShardedState, mesh: jax.sharding.Mesh,
-                  rules: P.LogicalRules) -> Callable[..., Any]:
+                  rules: partitioning.LogicalRules) -> Callable[..., Any]:
     """Jit the eval step (params sharded like the train state, batch sharded)."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    return P.jit_sharded(
+    return partitioning.jit_sharded(
         fn, mesh, rules,
-        in_shardings=(plan.shardings["params"], P.batch_sharding(mesh, rules)),
+        in_shardings=(plan.shardings.params, partitioning.batch_sharding(mesh, rules)),
         out_shardings=replicated,
     )

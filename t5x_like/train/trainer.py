@@ -8,7 +8,7 @@ another; with none, the state is initialised (from ``init_params_path`` when fin
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import inspect
 import logging
 import math
@@ -25,11 +25,7 @@ import jax
 import numpy as np
 
 from t5x_like.data.vocab import DEFAULT_VOCABULARY, check_fits
-from t5x_like.train import checkpoints as C
-from t5x_like.train import metrics as M
-from t5x_like.train import partitioning as P
-from t5x_like.train import train_state as TS
-from t5x_like.train import train_step as S
+from t5x_like.train import checkpoints, metrics, partitioning, train_state, train_step
 from t5x_like.train.data_iter import InputPipeline
 from t5x_like.train.gin_types import type_errors
 from t5x_like.train.model_dir_lock import ModelDirBusyError, ModelDirLock
@@ -210,7 +206,7 @@ def _check_ranges(*, sequence_length: Mapping[str, int], **counts: int | None) -
 
 def _latest_step(model_dir: str) -> int | None:
     """The newest complete checkpoint step in a local model dir (None if none / remote)."""
-    root = os.path.join(model_dir, C.CHECKPOINT_SUBDIR)
+    root = os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR)
     if "://" in model_dir or not os.path.isdir(root):
         return None
     return max((int(n) for n in os.listdir(root) if n.isdigit()), default=None)
@@ -300,18 +296,19 @@ def train(
     wrong = type_errors("train", train, args)  # the CLIs check every gin binding first
     if wrong:
         raise InvalidRunError("; ".join(wrong))
-    if on_nonfinite not in S.NONFINITE_POLICIES:
-        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; one of {S.NONFINITE_POLICIES}")
+    if on_nonfinite not in train_step.NONFINITE_POLICIES:
+        raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; "
+                         f"one of {train_step.NONFINITE_POLICIES}")
     args["model_dir"] = model_dir = os.path.abspath(os.path.expanduser(model_dir))
     preflight(**{k: args[k] for k in inspect.signature(preflight).parameters})
-    mesh = P.create_mesh()  # gin: create_mesh.mesh_shape, logical_axis_rules.preset
-    rules = P.logical_axis_rules()
-    shards = P.batch_shard_count(mesh, rules)
+    mesh = partitioning.create_mesh()  # gin: create_mesh.mesh_shape, logical_axis_rules.preset
+    rules = partitioning.logical_axis_rules()
+    shards = partitioning.batch_shard_count(mesh, rules)
     if batch_size % shards:
         raise InvalidRunError(f"train.batch_size={batch_size} not divisible by the {shards} "
-                              f"batch shards of {P.describe(mesh)}")
+                              f"batch shards of {partitioning.describe(mesh)}")
     with own_model_dir(model_dir):
-        return _train(**args, mesh=mesh, rules=rules)
+        return Trainer(TrainArgs(**args), mesh, rules).run()
 
 
 @contextlib.contextmanager
@@ -337,191 +334,341 @@ def own_model_dir(model_dir: str) -> Iterator[None]:
         lock.release()
 
 
-def _train(*, model_dir: str, model: Any, task: str, sequence_length: Mapping[str, int],
-           num_train_steps: int, batch_size: int, vocabulary: str, pack: bool, seed: int,
-           optimizer: Optimizer | None, num_microbatches: int, checkpoint_every: int,
-           keep_checkpoints: int | None, async_checkpointing: bool, restore_step: int | None,
-           restore_dir: str | None, init_params_path: str | None, eval_every: int,
-           eval_steps: int, eval_split: str, log_every: int, on_nonfinite: str,
-           checkpoint_data_iterator: bool, tensorboard: bool, synchronous_metrics: bool,
-           signal_check_every: int, mesh: jax.sharding.Mesh, rules: P.LogicalRules
-           ) -> dict[str, float]:
-    """`train`'s work, once its settings are checked and the model dir is this run's."""
-    is_main = jax.process_index() == 0
-    optimizer = optimizer if optimizer is not None else create_optimizer()
-    shards = P.batch_shard_count(mesh, rules)
-    writer = M.MetricsWriter(model_dir, enabled=is_main, tensorboard=tensorboard)
-    family = model.family
-    writer.console(f"[t5x_like.train] {P.describe(mesh)}; {jax.process_count()} process(es); "
-                   f"model_dir {model_dir}")
+@dataclasses.dataclass(frozen=True)
+class TrainArgs:
+    """`train`'s arguments once checked (each is documented there)."""
 
-    init_batch = model.example_batch(shards, sequence_length, packed=pack)
-    plan = TS.sharded_state(model, optimizer, init_batch, mesh, rules)
-    checkpointer = C.Checkpointer(model_dir, save_interval_steps=checkpoint_every,
-                                  keep=keep_checkpoints, async_save=async_checkpointing)
-    batch_sh = P.batch_sharding(mesh, rules)
-    pipeline = functools.partial(
-        InputPipeline, task=task, sequence_length=sequence_length, global_batch_size=batch_size,
-        model_family=family, vocabulary=vocabulary, pack=pack, seed=seed, sharding=batch_sh)
-    train_data = pipeline(split="train", shuffle=True,
-                          checkpoint_iterator=checkpoint_data_iterator)
+    model_dir: str  # absolute
+    model: Any
+    task: str
+    sequence_length: Mapping[str, int]
+    num_train_steps: int
+    batch_size: int
+    vocabulary: str
+    pack: bool
+    seed: int
+    optimizer: Optimizer | None
+    num_microbatches: int
+    checkpoint_every: int
+    keep_checkpoints: int | None
+    async_checkpointing: bool
+    restore_step: int | None
+    restore_dir: str | None
+    init_params_path: str | None
+    eval_every: int
+    eval_steps: int
+    eval_split: str
+    log_every: int
+    on_nonfinite: str
+    checkpoint_data_iterator: bool
+    tensorboard: bool
+    synchronous_metrics: bool
+    signal_check_every: int
 
-    source = checkpointer
-    if restore_dir and checkpointer.latest_step() is None:
-        source = C.Checkpointer(restore_dir, save_interval_steps=checkpoint_every, keep=None)
-    restored = source.restore_latest(plan.abstract, step=restore_step, warn=writer.console,
-                                     move_aside=source is checkpointer)
-    if restored is not None:
-        step0, state, data_state = restored
-        if source is checkpointer:
-            writer.rewind(step0)  # the steps after the checkpoint are logged again
+
+class _StepTimer:
+    """Steps and seconds since the last logged step (for throughput).
+
+    The run's first step includes compilation: the timer restarts after it.
+    """
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.restart()
+
+    def restart(self) -> None:
+        self.mark = time.perf_counter()
+        self.steps = 0
+
+    def count(self, step: int) -> None:
+        """Step ``step``'s metrics were read."""
+        if step == self.first:
+            self.restart()
+        else:
+            self.steps += 1
+
+    def interval(self) -> tuple[int, float]:
+        """(steps, seconds) since the last restart."""
+        return self.steps, time.perf_counter() - self.mark
+
+
+class Trainer:
+    """One run of `train` in named parts (its arguments checked, the model dir locked).
+
+    Construction builds what the run needs (metrics writer, state plan, checkpointer, input
+    pipelines, jitted steps) around the state `restore_or_init` gives. `run` then dispatches
+    `take_step` per batch and `report`s each step's metrics one step late; a step whose metrics
+    must be read at once (`_read_now`) is a boundary, where `at_boundary` may
+    `maybe_checkpoint`, `evaluate` and `stop_for_signal`; `finish` saves the last step.
+    A new train metric goes into `report` (`_log_train`), an eval metric into `evaluate`, a new
+    periodic action into `at_boundary` (and, if it needs the step's metrics, `_read_now`).
+    """
+
+    def __init__(self, args: TrainArgs, mesh: jax.sharding.Mesh,
+                 rules: partitioning.LogicalRules) -> None:
+        self.args = args
+        self.mesh, self.rules = mesh, rules
+        self.optimizer = args.optimizer if args.optimizer is not None else create_optimizer()
+        self.writer = metrics.MetricsWriter(args.model_dir, enabled=jax.process_index() == 0,
+                                            tensorboard=args.tensorboard)
+        self.writer.console(f"[t5x_like.train] {partitioning.describe(mesh)}; "
+                            f"{jax.process_count()} process(es); model_dir {args.model_dir}")
+        init_batch = args.model.example_batch(partitioning.batch_shard_count(mesh, rules),
+                                              args.sequence_length, packed=args.pack)
+        self.plan = train_state.sharded_state(args.model, self.optimizer, init_batch, mesh, rules)
+        self.checkpointer = checkpoints.Checkpointer(
+            args.model_dir, save_interval_steps=args.checkpoint_every, keep=args.keep_checkpoints,
+            async_save=args.async_checkpointing)
+        self.batch_sharding = partitioning.batch_sharding(mesh, rules)
+        self.train_data = self._pipeline("train", shuffle=True,
+                                         checkpoint_iterator=args.checkpoint_data_iterator)
+        self.state = self.restore_or_init()
+        self.start = int(jax.device_get(self.state.step))
+        self.step_fn = train_step.jit_train_step(
+            train_step.make_train_step(args.model, self.optimizer,
+                                       num_microbatches=args.num_microbatches,
+                                       on_nonfinite=args.on_nonfinite),
+            self.plan, mesh, rules,
+        )
+        self.eval_fn = train_step.jit_eval_step(train_step.make_eval_step(args.model), self.plan,
+                                                mesh, rules)
+        self.eval_data = (self._pipeline(args.eval_split, shuffle=False, checkpoint_iterator=False)
+                          if args.eval_every else None)
+        if (self.start < args.num_train_steps
+                or not os.path.exists(os.path.join(args.model_dir, "config.gin"))):
+            write_operative_config(args.model_dir)  # an evaluation-only run keeps the trained run's
+        self.tokens_per_seq = sum(int(v) for v in args.sequence_length.values())
+        self.flops_per_step = (float(args.model.flops_per_sequence(dict(args.sequence_length)))
+                               * args.batch_size)
+        self.dropout_rng = jax.random.key(args.seed + 1)
+        self.signals = _SignalFlag()
+        self.timer = _StepTimer(first=self.start + 1)
+        self.last: dict[str, float] = {}  # the last logged train metrics: `run`'s result
+
+    def _pipeline(self, split: str, *, shuffle: bool, checkpoint_iterator: bool
+                  ) -> InputPipeline:
+        args = self.args
+        return InputPipeline(
+            task=args.task, sequence_length=args.sequence_length, global_batch_size=args.batch_size,
+            model_family=args.model.family, vocabulary=args.vocabulary, pack=args.pack,
+            seed=args.seed, sharding=self.batch_sharding, split=split, shuffle=shuffle,
+            checkpoint_iterator=checkpoint_iterator)
+
+    # ---- restore or initialise ----------------------------------------------------------------
+
+    def restore_or_init(self) -> train_state.TrainState:
+        """The state to start from: the newest readable checkpoint of the model dir (or, while
+        it has none, of ``restore_dir``), else step 0 around ``init_params_path``'s params,
+        else a fresh initialisation."""
+        args = self.args
+        source = self.checkpointer
+        if args.restore_dir and self.checkpointer.latest_step() is None:
+            source = checkpoints.Checkpointer(args.restore_dir,
+                                              save_interval_steps=args.checkpoint_every, keep=None)
+        restored = source.restore_latest(self.plan.abstract, step=args.restore_step,
+                                         warn=self.writer.console,
+                                         move_aside=source is self.checkpointer)
+        if restored is not None:
+            return self._resume(source, *restored)
+        if args.init_params_path:
+            params = checkpoints.load_params(args.init_params_path, self.plan.abstract.params)
+            state = train_state.state_with_params(self.plan, params, self.optimizer, self.mesh,
+                                                  self.rules)
+            self.writer.console(f"[t5x_like.train] initialised params from "
+                                f"{args.init_params_path}")
+            return state
+        return train_state.create_state(self.plan, jax.random.key(args.seed), self.mesh,
+                                        self.rules)
+
+    def _resume(self, source: checkpoints.Checkpointer, step: int,
+                state: train_state.TrainState, data_state: Mapping[str, Any]
+                ) -> train_state.TrainState:
+        """Take up checkpoint ``step`` of ``source``: the data position, the metrics log."""
+        if source is self.checkpointer:
+            self.writer.rewind(step)  # the steps after the checkpoint are logged again
         how = "not needed"
-        if step0 < num_train_steps:
-            how = train_data.restore(data_state, source.data_state_path(step0))
-        writer.console(f"[t5x_like.train] restored step {step0} from {source.directory} "
-                       f"(data: {how}, {data_state.get('batches_consumed')} batches consumed)")
-        if source is not checkpointer:
+        if step < self.args.num_train_steps:
+            how = self.train_data.restore(data_state, source.data_state_path(step))
+        self.writer.console(f"[t5x_like.train] restored step {step} from {source.directory} "
+                            f"(data: {how}, {data_state.get('batches_consumed')} batches "
+                            "consumed)")
+        if source is not self.checkpointer:
             source.close()
-    elif init_params_path:
-        params = C.load_params(init_params_path, plan.abstract["params"])
-        state = TS.state_with_params(plan, params, optimizer, mesh, rules)
-        writer.console(f"[t5x_like.train] initialised params from {init_params_path}")
-    else:
-        state = TS.create_state(plan, jax.random.key(seed), mesh, rules)
-    start = int(jax.device_get(state["step"]))
+        return state
 
-    step_fn = S.jit_train_step(
-        S.make_train_step(model, optimizer, num_microbatches=num_microbatches,
-                          on_nonfinite=on_nonfinite),
-        plan, mesh, rules,
-    )
-    eval_fn = S.jit_eval_step(S.make_eval_step(model), plan, mesh, rules)
-    eval_data = (pipeline(split=eval_split, shuffle=False, checkpoint_iterator=False)
-                 if eval_every else None)
-    if start < num_train_steps or not os.path.exists(os.path.join(model_dir, "config.gin")):
-        write_operative_config(model_dir)  # an evaluation-only run keeps the trained run's
+    # ---- the loop -----------------------------------------------------------------------------
 
-    tokens_per_seq = sum(int(v) for v in sequence_length.values())
-    flops_per_step = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
-    devices = mesh.devices.size
-    device_kind = mesh.devices.flat[0].device_kind
-    dropout_rng = jax.random.key(seed + 1)
-    flag = _SignalFlag()
-    flag.install()
-    last: dict[str, float] = {}
-
-    def save(step: int, force: bool = False) -> None:
-        """Start saving ``step``; the console line comes once the save is confirmed (`saved`)."""
-        if (not force and not checkpointer.should_save(step)) or step == checkpointer.last_saved:
-            return
-        saved(checkpointer.wait())
-        checkpointer.check_space(step, state)  # before the data state is written
+    def run(self) -> dict[str, float]:
+        """Train up to ``num_train_steps`` (or, already there, evaluate); returns `last`."""
+        self.signals.install()
         try:
-            train_data.save_iterator(checkpointer.data_state_path(step))
-        except OSError as err:
-            shutil.rmtree(checkpointer.data_state_path(step), ignore_errors=True)
-            raise C.CheckpointSaveError(step, err.filename or checkpointer.data_dir,
-                                        err.strerror or str(err)) from err
-        checkpointer.save(step, state, train_data.state(), force=force)
+            if self.start >= self.args.num_train_steps:
+                self.evaluate_only()
+            else:
+                self.train_steps()
+                self.finish()
+        finally:
+            self.signals.uninstall()
+            self.checkpointer.close()
+            self.writer.close()
+        return self.last
 
-    def saved(step: int | None) -> None:
-        if step is not None:
-            writer.console(f"[t5x_like.train] checkpoint step {step} saved in "
-                           f"{checkpointer.directory}")
+    def evaluate_only(self) -> None:
+        """Nothing to train (e.g. gin/runs/eval.gin): evaluate the restored step, if asked to."""
+        if self.eval_data is not None:
+            self.evaluate(self.start)
+        elif self.args.num_train_steps:
+            self.writer.console(f"[t5x_like.train] already at step {self.start} = "
+                                "train.num_train_steps: nothing to train")
 
-    def run_eval(step: int) -> None:
-        assert eval_data is not None
-        ev = eval_metrics(eval_fn, state["params"], eval_data, eval_steps)
-        ev["tokens_seen"] = float(step * batch_size * tokens_per_seq)
-        writer.write(step, "eval", ev)
-        writer.console(f"[t5x_like.train] eval step {step}: " + ", ".join(
+    def train_steps(self) -> None:
+        """Steps ``start + 1 .. num_train_steps``.
+
+        Metrics are read one step late: step N+1 is dispatched before step N's metrics are
+        fetched, so the host never idles the device between steps. Steps that save, evaluate,
+        end the run or answer a signal are read at once (their state must be known finite
+        before it is saved, and the state is donated to the next step). When the lagged read
+        finds step N non-finite under 'stop', the already dispatched step N+1 (computed from
+        the bad state) is dropped: never logged, counted or saved.
+        """
+        pending: tuple[int, Any] | None = None  # (step, device metrics) not yet read
+        for done in range(self.start + 1, self.args.num_train_steps + 1):
+            step_metrics = self.take_step(next(self.train_data))
+            if pending is not None:
+                self.report(*pending)
+            pending = (done, step_metrics)
+            eval_due, must_read = self._read_now(done)
+            signalled = self._signalled(done, must_read)
+            if must_read or signalled:
+                self.report(*pending)
+                pending = None
+                self.at_boundary(done, eval_due=eval_due, signalled=signalled)
+
+    def take_step(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Dispatch one train step (asynchronously; the old state is donated to it); returns
+        its metrics, still on the device."""
+        self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng)
+        return step_metrics
+
+    def _read_now(self, done: int) -> tuple[bool, bool]:
+        """(whether step ``done`` evaluates, whether its metrics must be read before the next
+        step is dispatched)."""
+        args = self.args
+        eval_due = self.eval_data is not None and (done % args.eval_every == 0
+                                                   or done == args.num_train_steps)
+        must_read = (args.synchronous_metrics or eval_due or done == args.num_train_steps
+                     or self.checkpointer.should_save(done))
+        return eval_due, must_read
+
+    def _signalled(self, done: int, must_read: bool) -> bool:
+        """Whether any process got SIGTERM / Ctrl-C, checked at ``signal_check_every`` steps,
+        boundaries and, with one process, every step."""
+        # The same steps on every process: agreeing is a collective.
+        if (must_read or jax.process_count() == 1
+                or done % max(self.args.signal_check_every, 1) == 0):
+            return self.signals.any_process()
+        return False
+
+    def at_boundary(self, done: int, *, eval_due: bool, signalled: bool) -> None:
+        """After step ``done``'s metrics are read: save, evaluate, stop for a signal."""
+        self.maybe_checkpoint(done)
+        if eval_due:
+            self.evaluate(done)
+        if signalled:
+            self.stop_for_signal(done)
+
+    def finish(self) -> None:
+        """Save the last step and wait until the save is confirmed."""
+        self.maybe_checkpoint(self.args.num_train_steps, force=True)
+        self._saved(self.checkpointer.wait())
+
+    # ---- metrics ------------------------------------------------------------------------------
+
+    def report(self, done: int, step_metrics: Mapping[str, Any]) -> None:
+        """Read step ``done``'s metrics (waits for that step only), check them, and log them at
+        every ``log_every``-th, the first and the last step."""
+        values = _scalars(step_metrics)
+        self._check_finite(done, values)
+        self._saved(self.checkpointer.poll())
+        self.timer.count(done)
+        args = self.args
+        if done % args.log_every == 0 or done in (self.start + 1, args.num_train_steps):
+            self._log_train(done, values)
+
+    def _check_finite(self, done: int, values: Mapping[str, float]) -> None:
+        """NonFiniteLossError under ``on_nonfinite='stop'`` (the loss is logged, nothing saved);
+        a console line under 'skip' (the step dropped its update)."""
+        if math.isfinite(values["loss"]) and values["finite"]:
+            return
+        msg = (f"non-finite loss at step {done} (loss={values['loss']}, "
+               f"grad_norm={values['grad_norm']})")
+        if self.args.on_nonfinite == "stop":
+            self.checkpointer.wait()
+            self.writer.write(done, "train", {"loss": values["loss"]})
+            good = self.checkpointer.latest_step()
+            raise NonFiniteLossError(
+                f"{msg}; stopping. Last good checkpoint: "
+                f"{'none' if good is None else f'step {good}'} in {self.checkpointer.directory}"
+            )
+        self.writer.console(f"[t5x_like.train] {msg}; update skipped")
+
+    def _log_train(self, done: int, values: dict[str, Any]) -> None:
+        """Write step ``done``'s train metrics with throughput and tokens seen."""
+        args = self.args
+        steps, seconds = self.timer.interval()
+        values.update(metrics.throughput(
+            steps=steps, seconds=seconds, batch_size=args.batch_size,
+            tokens_per_seq=self.tokens_per_seq, flops_per_step=self.flops_per_step,
+            devices=self.mesh.devices.size, device_kind=self.mesh.devices.flat[0].device_kind))
+        values["tokens_seen"] = float(done * args.batch_size * self.tokens_per_seq)
+        values.pop("finite", None)
+        self.writer.write(done, "train", values)
+        self.writer.progress(done, args.num_train_steps, values)
+        self.last = {k: v for k, v in values.items() if v is not None}
+        self.timer.restart()
+
+    def evaluate(self, step: int) -> None:
+        """Evaluate the current params on ``eval_steps`` batches; log the metrics at ``step``."""
+        assert self.eval_data is not None
+        args = self.args
+        ev = eval_metrics(self.eval_fn, self.state.params, self.eval_data, args.eval_steps)
+        ev["tokens_seen"] = float(step * args.batch_size * self.tokens_per_seq)
+        self.writer.write(step, "eval", ev)
+        self.writer.console(f"[t5x_like.train] eval step {step}: " + ", ".join(
             f"{k} {v:.4g}" for k, v in ev.items()))
 
-    try:
-        if start >= num_train_steps:  # nothing to train (e.g. gin/runs/eval.gin): evaluate only
-            if eval_data is not None:
-                run_eval(start)
-            elif num_train_steps:
-                writer.console(f"[t5x_like.train] already at step {start} = "
-                               "train.num_train_steps: nothing to train")
-            return last
-        timer = {"mark": time.perf_counter(), "steps": 0}
-        timed_from = start + 1  # the first step includes compilation: not timed
+    # ---- checkpoints and signals --------------------------------------------------------------
 
-        def report(done: int, metrics: Mapping[str, Any]) -> None:
-            """Read step ``done``'s metrics (waits for that step only), check, log them."""
-            nonlocal last
-            values = _scalars(metrics)
-            if not math.isfinite(values["loss"]) or not values["finite"]:
-                msg = (f"non-finite loss at step {done} (loss={values['loss']}, "
-                       f"grad_norm={values['grad_norm']})")
-                if on_nonfinite == "stop":
-                    checkpointer.wait()
-                    writer.write(done, "train", {"loss": values["loss"]})
-                    good = checkpointer.latest_step()
-                    raise NonFiniteLossError(
-                        f"{msg}; stopping. Last good checkpoint: "
-                        f"{'none' if good is None else f'step {good}'} in {checkpointer.directory}"
-                    )
-                writer.console(f"[t5x_like.train] {msg}; update skipped")
-            saved(checkpointer.poll())
-            if done == timed_from:
-                timer["mark"], timer["steps"] = time.perf_counter(), 0
-            else:
-                timer["steps"] += 1
-            if done % log_every == 0 or done in (start + 1, num_train_steps):
-                values.update(M.throughput(
-                    steps=timer["steps"], seconds=time.perf_counter() - timer["mark"],
-                    batch_size=batch_size, tokens_per_seq=tokens_per_seq,
-                    flops_per_step=flops_per_step, devices=devices, device_kind=device_kind))
-                values["tokens_seen"] = float(done * batch_size * tokens_per_seq)
-                values.pop("finite", None)
-                writer.write(done, "train", values)
-                writer.progress(done, num_train_steps, values)
-                last = {k: v for k, v in values.items() if v is not None}
-                timer["mark"], timer["steps"] = time.perf_counter(), 0
+    def maybe_checkpoint(self, step: int, *, force: bool = False) -> None:
+        """Start saving ``step`` if due (or ``force``) and not saved yet; the console line comes
+        once the save is confirmed (`_saved`)."""
+        checkpointer = self.checkpointer
+        if ((not force and not checkpointer.should_save(step))
+                or step == checkpointer.last_saved):
+            return
+        self._saved(checkpointer.wait())
+        checkpointer.check_space(step, self.state)  # before the data state is written
+        try:
+            self.train_data.save_iterator(checkpointer.data_state_path(step))
+        except OSError as err:
+            shutil.rmtree(checkpointer.data_state_path(step), ignore_errors=True)
+            raise checkpoints.CheckpointSaveError(
+                step, err.filename or checkpointer.data_dir, err.strerror or str(err)) from err
+        checkpointer.save(step, self.state, self.train_data.state(), force=force)
 
-        # Metrics are read one step late: step N+1 is dispatched before step N's metrics are
-        # fetched, so the host never idles the device between steps. Steps that save, evaluate,
-        # end the run or answer a signal are read at once (their state must be known finite
-        # before it is saved, and the state is donated to the next step). When the lagged read
-        # finds step N non-finite under 'stop', the already dispatched step N+1 (computed from
-        # the bad state) is dropped: never logged, counted or saved.
-        pending: tuple[int, Any] | None = None  # (step, device metrics) not yet read
-        for step in range(start, num_train_steps):
-            batch = next(train_data)
-            new_state, metrics = step_fn(state, batch, dropout_rng)
-            done = step + 1
-            if pending is not None:
-                report(*pending)
-            state, pending = new_state, (done, metrics)
-            eval_due = eval_data is not None and (done % eval_every == 0
-                                                  or done == num_train_steps)
-            must_read = (synchronous_metrics or eval_due or done == num_train_steps
-                         or checkpointer.should_save(done))
-            # The same steps on every process: agreeing is a collective.
-            signalled = (flag.any_process() if must_read or jax.process_count() == 1
-                         or done % max(signal_check_every, 1) == 0 else False)
-            if not (must_read or signalled):
-                continue
-            report(*pending)
-            pending = None
-            save(done)
-            if eval_due:
-                run_eval(done)
-            if signalled:
-                save(done, force=True)
-                saved(checkpointer.wait())
-                why = flag.name or "signal to another process"
-                writer.console(f"[t5x_like.train] {why}: saved step {done}; exiting")
-                raise Preempted(done)
-        save(num_train_steps, force=True)
-        saved(checkpointer.wait())
-    finally:
-        flag.uninstall()
-        checkpointer.close()
-        writer.close()
-    return last
+    def _saved(self, step: int | None) -> None:
+        """The console line for a save confirmed complete (None: none was)."""
+        if step is not None:
+            self.writer.console(f"[t5x_like.train] checkpoint step {step} saved in "
+                                f"{self.checkpointer.directory}")
+
+    def stop_for_signal(self, done: int) -> None:
+        """Save step ``done``, wait for it, and raise Preempted."""
+        self.maybe_checkpoint(done, force=True)
+        self._saved(self.checkpointer.wait())
+        why = self.signals.name or "signal to another process"
+        self.writer.console(f"[t5x_like.train] {why}: saved step {done}; exiting")
+        raise Preempted(done)
 
 
 def eval_metrics(eval_fn: Any, params: Any, data: InputPipeline, num_batches: int

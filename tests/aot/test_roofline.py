@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from t5x_like.aot import roofline as R
+from t5x_like.aot import roofline
 
 DOT = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
 GEMM_CFG = ('backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
@@ -48,7 +48,7 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,32], q: bf16[2,16,4,8], k: bf16[2,32,4
 
 
 def test_each_kind_of_kernel_is_costed() -> None:
-    ops = {o.name: o for o in R.kernels(HLO)}
+    ops = {o.name: o for o in roofline.kernels(HLO)}
     assert set(ops) == {"gemm_fusion.1", "cc", "fmha", "copy.9"}  # free ops are not kernels
     gemm = 2 * 64 * 32 * 128
     assert ops["gemm_fusion.1"].flops == ops["cc"].flops == gemm
@@ -58,8 +58,8 @@ def test_each_kind_of_kernel_is_costed() -> None:
     assert ops["cc"].bytes == 2 * (64 * 128 + 128 * 32 + 64 * 32) + 1024
     assert ops["fmha"].kind == "attention" and ops["fmha"].flops == 4 * 2 * 4 * 16 * 32 * 8
     assert ops["copy.9"].count == 3 and ops["copy.9"].bytes == 2 * 4 * 256  # 3 loop trips
-    model = R.step_model(HLO, model_flops=2 * gemm)
-    dev = R.H100
+    model = roofline.step_model(HLO, model_flops=2 * gemm)
+    dev = roofline.H100
     expected = sum(o.seconds(dev) for o in ops.values())
     assert model["predicted_ms"] == pytest.approx(1e3 * expected)
     assert model["kernels"] == 6
@@ -69,15 +69,15 @@ def test_each_kind_of_kernel_is_costed() -> None:
 
 
 def test_compute_and_memory_bound() -> None:
-    big = R.Op("g", "gemm", flops=790e12, bytes=1.0, count=1, op_name="")
-    assert big.bound(R.H100) == "compute"
-    assert big.seconds(R.H100) == pytest.approx(1.0 + R.H100["launch_s"])
-    copy = R.Op("c", "copy", flops=0.0, bytes=3.0e12, count=2, op_name="")
-    assert copy.bound(R.H100) == "memory" and copy.seconds(R.H100) == pytest.approx(
-        2 * (1.0 + R.H100["launch_s"]))
-    attn = R.Op("a", "attention", flops=790e12, bytes=1.0, count=1, op_name="")
-    assert attn.seconds(R.H100) == pytest.approx(1 / R.H100["attention_efficiency"]
-                                                 + R.H100["launch_s"])
+    big = roofline.Op("g", "gemm", flops=790e12, bytes=1.0, count=1, op_name="")
+    assert big.bound(roofline.H100) == "compute"
+    assert big.seconds(roofline.H100) == pytest.approx(1.0 + roofline.H100["launch_s"])
+    copy = roofline.Op("c", "copy", flops=0.0, bytes=3.0e12, count=2, op_name="")
+    assert copy.bound(roofline.H100) == "memory" and copy.seconds(roofline.H100) == pytest.approx(
+        2 * (1.0 + roofline.H100["launch_s"]))
+    attn = roofline.Op("a", "attention", flops=790e12, bytes=1.0, count=1, op_name="")
+    assert attn.seconds(roofline.H100) == pytest.approx(
+        1 / roofline.H100["attention_efficiency"] + roofline.H100["launch_s"])
 
 
 def test_a_compiled_train_step_counts_the_models_matmul_flops() -> None:
@@ -100,7 +100,7 @@ def test_a_compiled_train_step_counts_the_models_matmul_flops() -> None:
              for k, v in model.example_batch(4, seq, packed=True).items()}
     text = step.lower(plan.abstract, batch, jax.eval_shape(jax.random.key, 0)).compile().as_text()
     analytic = model.flops_per_sequence(seq) * 4
-    out = R.step_model(text, model_flops=analytic)
+    out = roofline.step_model(text, model_flops=analytic)
     assert out["flops"] == pytest.approx(analytic, rel=0.02)
     assert out["predicted_ms"] > 0 and 0 < out["mfu_ceiling"] < 1
     assert {"gemm", "fusion"} <= set(out["by_kind_ms"])
@@ -109,4 +109,4 @@ def test_a_compiled_train_step_counts_the_models_matmul_flops() -> None:
 
 def test_unparseable_text_says_so() -> None:
     with pytest.raises(ValueError, match="ENTRY"):
-        R.step_model("HloModule x\n")
+        roofline.step_model("HloModule x\n")

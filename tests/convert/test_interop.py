@@ -19,8 +19,7 @@ import torch
 import transformers
 
 from t5x_like.convert import cli as convert
-from t5x_like.convert import interop
-from t5x_like.convert import param_tree as pt
+from t5x_like.convert import interop, param_tree
 from t5x_like.convert.interop import ConversionError
 from t5x_like.models import TransformerConfig, make_model
 from tests.conftest import REPO
@@ -106,7 +105,7 @@ def random_params(config: TransformerConfig, seed: int = 0) -> dict:
     """Random params of `config`'s shapes (norm scales randomised too, so mix-ups show)."""
     rng = np.random.default_rng(seed)
     flat = {}
-    for path, shape in pt.param_shapes(config).items():
+    for path, shape in param_tree.param_shapes(config).items():
         if path.endswith("/scale"):
             value = 1.0 + 0.2 * rng.standard_normal(shape)
         elif path.endswith("rel_embedding"):
@@ -116,7 +115,7 @@ def random_params(config: TransformerConfig, seed: int = 0) -> dict:
         else:
             value = rng.standard_normal(shape) / np.sqrt(shape[-2])
         flat[path] = value.astype(np.float32)
-    return pt.unflatten(flat)
+    return param_tree.unflatten(flat)
 
 
 @functools.cache
@@ -159,7 +158,7 @@ def hf_state(model) -> dict[str, np.ndarray]:
 
 
 def assert_same_tree(a, b) -> None:
-    fa, fb = pt.flatten(a), pt.flatten(b)
+    fa, fb = param_tree.flatten(a), param_tree.flatten(b)
     assert fa.keys() == fb.keys()
     for k in fa:
         np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)

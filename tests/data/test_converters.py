@@ -10,7 +10,8 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from t5x_like.data import converters as C
+from t5x_like import families
+from t5x_like.data import converters
 
 LENGTHS = {"inputs": 40, "targets": 12}  # example_stream's full-length examples fill them
 
@@ -51,7 +52,7 @@ def segments_of(tokens, segment_ids, positions):
 
 def test_pack_dataset_conserves_every_example():
     examples = example_stream(300, seed=0)
-    packed = list(C.pack_dataset(to_dataset(examples), LENGTHS,
+    packed = list(converters.pack_dataset(to_dataset(examples), LENGTHS,
                                  window=64, num_open_rows=4).as_numpy_iterator())
     seen = []
     for row in packed:
@@ -71,7 +72,7 @@ def efficiency(ds, key="inputs"):
 
 def test_best_fit_packs_tighter_than_next_fit():
     examples = example_stream(400, seed=1)
-    ours, ours_rows = efficiency(C.pack_dataset(to_dataset(examples), LENGTHS))
+    ours, ours_rows = efficiency(converters.pack_dataset(to_dataset(examples), LENGTHS))
     theirs, theirs_rows = efficiency(seqio.utils.trim_and_pack_dataset(to_dataset(examples),
                                                                        LENGTHS))
     assert ours_rows < theirs_rows
@@ -80,8 +81,8 @@ def test_best_fit_packs_tighter_than_next_fit():
 
 def test_pack_dataset_is_deterministic_and_drops_nothing_on_tiny_input():
     examples = example_stream(3, seed=2)
-    a = list(C.pack_dataset(to_dataset(examples), LENGTHS).as_numpy_iterator())
-    b = list(C.pack_dataset(to_dataset(examples), LENGTHS).as_numpy_iterator())
+    a = list(converters.pack_dataset(to_dataset(examples), LENGTHS).as_numpy_iterator())
+    b = list(converters.pack_dataset(to_dataset(examples), LENGTHS).as_numpy_iterator())
     assert len(a) >= 1 and all(
         (x["inputs"] == y["inputs"]).all() for x, y in zip(a, b, strict=True))
     packed_tokens = sum(int((r["inputs"] != 0).sum()) for r in a)
@@ -90,7 +91,7 @@ def test_pack_dataset_is_deterministic_and_drops_nothing_on_tiny_input():
 
 def test_encoder_decoder_features():
     examples = example_stream(50, seed=3)
-    ds = C.get_feature_converter("encoder_decoder")(to_dataset(examples), LENGTHS)
+    ds = converters.get_feature_converter("encoder_decoder")(to_dataset(examples), LENGTHS)
     assert set(ds.element_spec) == {
         "encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens",
         "decoder_loss_weights", "encoder_segment_ids", "decoder_segment_ids",
@@ -115,7 +116,7 @@ def test_encoder_decoder_features():
 @pytest.mark.parametrize("family", ["prefix_lm", "decoder_only"])
 def test_prefix_lm_and_concat_lm_masks(family):
     examples = example_stream(40, seed=4)
-    converter = C.get_feature_converter(family, has_inputs=True)
+    converter = converters.get_feature_converter(family, has_inputs=True)
     rows = list(converter(to_dataset(examples), LENGTHS).as_numpy_iterator())
     by_first_token = {int(e["inputs"][0]): e for e in examples}
     assert ("decoder_causal_attention" in rows[0]) == (family == "prefix_lm")
@@ -142,23 +143,68 @@ def test_prefix_lm_and_concat_lm_masks(family):
 def test_targets_only_tasks():
     ds = tf.data.Dataset.from_tensor_slices({"targets": tf.ragged.constant([[5, 6, 1], [7, 1]])})
     ds = ds.map(lambda x: {"targets": x["targets"]})
-    lengths = C.model_sequence_length({"inputs": 3, "targets": 3}, False)
+    lengths = converters.model_sequence_length({"inputs": 3, "targets": 3}, False)
     assert lengths == {"targets": 6}
-    (row,) = list(C.get_feature_converter("decoder_only", has_inputs=False)(
+    (row,) = list(converters.get_feature_converter("decoder_only", has_inputs=False)(
         ds, lengths).as_numpy_iterator())
     assert row["decoder_target_tokens"].tolist() == [5, 6, 1, 7, 1, 0]
     assert row["decoder_input_tokens"].tolist() == [0, 5, 6, 0, 7, 0]
     assert row["decoder_loss_weights"].tolist() == [1, 1, 1, 1, 1, 0]
     with pytest.raises(ValueError, match="decoder_only"):
-        C.get_feature_converter("encoder_decoder", has_inputs=False)
+        converters.get_feature_converter("encoder_decoder", has_inputs=False)
     with pytest.raises(ValueError, match="Unknown model_family"):
-        C.get_feature_converter("encoder_only")
+        converters.get_feature_converter("encoder_only")
 
 
 def test_unpacked_pads_without_segments():
     examples = example_stream(5, seed=5)
-    ds = C.get_feature_converter("encoder_decoder", pack=False)(to_dataset(examples), LENGTHS)
+    converter = converters.get_feature_converter("encoder_decoder", pack=False)
+    ds = converter(to_dataset(examples), LENGTHS)
     rows = list(ds.as_numpy_iterator())
     assert len(rows) == 5 and "encoder_segment_ids" not in rows[0]
     assert (rows[0]["encoder_input_tokens"][: len(examples[0]["inputs"])] ==
             examples[0]["inputs"]).all()
+
+
+@pytest.mark.parametrize("family", families.NAMES)
+def test_each_family_record_is_its_converter_and_its_model(family):
+    """One layout per family: the converter's features and lengths are the record's stacks and
+    the model's `example_batch` (what training and init agree on)."""
+    from t5x_like.models import TransformerConfig, make_model
+
+    record = families.FAMILIES[family]
+    for pack in (False, True):
+        lengths = converters.get_feature_converter(family, pack=pack).get_model_feature_lengths(
+            LENGTHS)
+        stacks = record.stack_lengths(LENGTHS)
+        assert lengths["decoder_target_tokens"] == stacks["decoder"]
+        assert lengths.get("encoder_input_tokens") == stacks.get("encoder")
+        assert ("decoder_causal_attention" in lengths) == record.prefix_attention
+        model = make_model(TransformerConfig(family=family))
+        example = model.example_batch(2, LENGTHS, packed=pack)
+        assert {k: v.shape for k, v in example.items()} == {k: (2, n) for k, n in lengths.items()}
+
+
+@pytest.mark.parametrize("family", families.NAMES)
+def test_inference_score_batch_is_the_converters_batch(family):
+    """`model.score_batch` (infer's teacher-forced batch, numpy) equals the feature converter's
+    unpacked training batch of the same examples; the decoder-only families add segment ids
+    (1 on the tokens) and, for causal LMs, a `decoder_causal_attention` the model ignores."""
+    from t5x_like.models import TransformerConfig, make_model
+
+    examples = example_stream(6, seed=6)
+    converter = converters.get_feature_converter(family, pack=False)
+    rows = list(converter(to_dataset(examples), LENGTHS).as_numpy_iterator())
+    model = make_model(TransformerConfig(family=family))
+    batch = model.score_batch([e["inputs"].tolist() for e in examples],
+                              [e["targets"].tolist() for e in examples],
+                              input_length=LENGTHS["inputs"], target_length=LENGTHS["targets"])
+    for key in rows[0]:
+        np.testing.assert_array_equal(batch[key], np.stack([r[key] for r in rows]), err_msg=key)
+    extra = set(batch) - set(rows[0])
+    assert extra == (set() if families.FAMILIES[family].has_encoder else {
+        "decoder_segment_ids", *({"decoder_causal_attention"} if family == "decoder_only"
+                                 else ())})
+    if "decoder_segment_ids" in extra:
+        np.testing.assert_array_equal(batch["decoder_segment_ids"],
+                                      (batch["decoder_target_tokens"] != 0).astype(np.int32))

@@ -11,8 +11,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t5x_like.data import objectives as O
-from t5x_like.data import tasks
+from t5x_like.data import objectives, tasks
 
 SETTINGS = settings(max_examples=40, deadline=None)
 ALL_OBJECTIVES = {**tasks.OBJECTIVES, **{k: v for k, (v, _) in tasks.UL2_DENOISERS.items()}}
@@ -29,7 +28,7 @@ DISTINCT = [
 @pytest.mark.parametrize("inputs_length", [32, 128, 512, 1024])
 def test_every_objective_sizes_its_chunks_to_fit(name, inputs_length):
     objective = ALL_OBJECTIVES[name]
-    lengths = O.default_sequence_length(objective, inputs_length)
+    lengths = objectives.default_sequence_length(objective, inputs_length)
     prefix = 5 if objective.paradigm_token else 0
     raw = objective.chunk_length(lengths, prefix)
     for t in range(1, raw + 1):  # every chunk up to the raw length fits, the next one not
@@ -61,8 +60,8 @@ def merge(inputs, targets, vocab_size: int, extra_ids: int) -> list[int]:
     return out
 
 
-def transform(name, tokens, mask, vocab=O.VocabInfo(1000, 100), seed=(1, 2)):
-    fn = O.TRANSFORMS[name].fn
+def transform(name, tokens, mask, vocab=objectives.VocabInfo(1000, 100), seed=(1, 2)):
+    fn = objectives.TRANSFORMS[name].fn
     return fn(tf.constant(tokens, tf.int32), tf.constant(mask, tf.bool), vocab,
               tf.constant(seed)).numpy().tolist()
 
@@ -79,7 +78,7 @@ def test_reference_example():
 
 def test_sentinels_cycle_past_extra_ids():
     tokens, mask = list(range(10, 20)), [False, True] * 5
-    got = transform("noise_span_to_unique_sentinel", tokens, mask, O.VocabInfo(1000, 3))
+    got = transform("noise_span_to_unique_sentinel", tokens, mask, objectives.VocabInfo(1000, 3))
     assert got == [10, 999, 12, 998, 14, 997, 16, 999, 18, 998]
 
 
@@ -88,11 +87,11 @@ def test_sentinels_cycle_past_extra_ids():
                                     (1024, 1137, 229)]
 )
 def test_span_corruption_length_arithmetic(inputs_length, raw, targets):
-    assert O.span_corruption_lengths(inputs_length) == (raw, targets)
+    assert objectives.span_corruption_lengths(inputs_length) == (raw, targets)
     objective = tasks.OBJECTIVES["span_corruption"]
     lengths = {"inputs": inputs_length, "targets": targets}
     assert objective.chunk_length(lengths) == raw
-    assert O.default_sequence_length(objective, inputs_length) == lengths
+    assert objectives.default_sequence_length(objective, inputs_length) == lengths
 
 
 @SETTINGS
@@ -101,9 +100,9 @@ def test_span_replacement_reconstructs_the_chunk(data, length, kind):
     tokens = data.draw(st.lists(st.integers(3, 899), min_size=length, max_size=length))
     seed = tf.constant(data.draw(st.tuples(st.integers(0, 999), st.integers(0, 999))))
     if kind == "spans":
-        mask = O.noise.random_spans_noise_mask(length, 0.15, 3.0, seed).numpy().tolist()
+        mask = objectives.noise.random_spans_noise_mask(length, 0.15, 3.0, seed).numpy().tolist()
     elif kind == "iid":
-        mask = O.noise.iid_noise_mask(length, 0.3, seed).numpy().tolist()
+        mask = objectives.noise.iid_noise_mask(length, 0.3, seed).numpy().tolist()
     else:  # arbitrary masks: may start with noise, be all noise or none
         mask = data.draw(st.lists(st.booleans(), min_size=length, max_size=length))
     inputs = transform("noise_span_to_unique_sentinel", tokens, mask)
@@ -130,22 +129,22 @@ def run_objective(objective, docs, vocabulary, lengths, seed=0):
     )
     features = {k: seqio.Feature(vocabulary) for k in ("inputs", "targets")}
     with seqio.utils.map_seed_manager(seed):
-        out = O.denoise(ds, lengths, features, objective, keep_noise_mask=True)
+        out = objectives.denoise(ds, lengths, features, objective, keep_noise_mask=True)
     return list(out.as_numpy_iterator())
 
 
 @pytest.mark.parametrize("name", DISTINCT)
 def test_every_objective_conserves_tokens_and_fits(name, documents, small_vocab):
     objective = ALL_OBJECTIVES[name]
-    lengths = O.default_sequence_length(objective, 64)
+    lengths = objectives.default_sequence_length(objective, 64)
     examples = run_objective(objective, documents, small_vocab, lengths)
     # Conservation: the chunks, in order, are exactly the documents' tokens (none dropped).
     chunks = [ex["chunk"].tolist() for ex in examples]
     assert sum(chunks, []) == sum(documents, [])
     assert all(chunks) and max(map(len, chunks)) <= objective.chunk_length(
-        lengths, len(O.paradigm_ids(objective, small_vocab)))
-    vocab = O.VocabInfo.from_vocabulary(small_vocab)
-    prefix = list(O.paradigm_ids(objective, small_vocab))
+        lengths, len(objectives.paradigm_ids(objective, small_vocab)))
+    vocab = objectives.VocabInfo.from_vocabulary(small_vocab)
+    prefix = list(objectives.paradigm_ids(objective, small_vocab))
     for ex, chunk in zip(examples, chunks, strict=True):
         targets, mask = ex["targets"].tolist(), ex["noise_mask"]
         assert targets[-1] == 1 and len(targets) <= lengths["targets"]
@@ -173,7 +172,7 @@ def test_documents_are_joined_then_chunked(per_group):
         output_signature={"targets": tf.TensorSpec([None], tf.int32),
                           "other": tf.TensorSpec([], tf.int32)})
     chunks = [ex["targets"].tolist()
-              for ex in O.split_into_chunks(ds, 10, documents_per_group=per_group)
+              for ex in objectives.split_into_chunks(ds, 10, documents_per_group=per_group)
               .as_numpy_iterator()]
     expected = []
     for start in range(0, len(docs), per_group):
@@ -182,12 +181,12 @@ def test_documents_are_joined_then_chunked(per_group):
     assert chunks == expected  # every token once, in order; only a group's last chunk is short
     assert sum(len(c) < 10 for c in chunks) == {1: 5, 3: 3, 128: 1}[per_group]
     with pytest.raises(ValueError, match="documents_per_group"):
-        O.split_into_chunks(ds, 10, documents_per_group=0)
+        objectives.split_into_chunks(ds, 10, documents_per_group=0)
 
 
 def test_bert_style_80_10_10():
     tokens = np.random.default_rng(0).integers(3, 900, 40_000)
-    mask = O.noise.iid_noise_mask(len(tokens), 0.15, tf.constant([3, 3])).numpy()
+    mask = objectives.noise.iid_noise_mask(len(tokens), 0.15, tf.constant([3, 3])).numpy()
     out = np.asarray(transform("noise_token_to_random_token_or_sentinel", tokens, mask))
     assert (out[~mask] == tokens[~mask]).all()
     noisy, orig = out[mask], tokens[mask]
@@ -239,17 +238,17 @@ def test_vocabulary_without_sentinels_is_a_clear_error(data_dir):
 
     plain = vocab.get_vocabulary("c4like_8k", extra_ids=0, data_dir=data_dir)
     with pytest.raises(ValueError, match="extra_ids=0"):
-        O.check_vocabulary(tasks.OBJECTIVES["span_corruption"], plain)
-    O.check_vocabulary(tasks.OBJECTIVES["prefix_lm"], plain)  # needs no sentinels
+        objectives.check_vocabulary(tasks.OBJECTIVES["span_corruption"], plain)
+    objectives.check_vocabulary(tasks.OBJECTIVES["prefix_lm"], plain)  # needs no sentinels
 
 
 def test_too_short_lengths_and_bad_config():
     with pytest.raises(ValueError, match="too short"):
         tasks.OBJECTIVES["bert_style"].chunk_length({"inputs": 64, "targets": 1})
     with pytest.raises(ValueError, match="Unknown transform"):
-        O.Objective(inputs_transform="reverse")
+        objectives.Objective(inputs_transform="reverse")
     with pytest.raises(ValueError, match="noise_density"):
-        O.Objective(mask="iid", noise_density=None)
+        objectives.Objective(mask="iid", noise_density=None)
 
 
 def test_objective_is_gin_configurable_through_denoise(small_vocab):
@@ -264,7 +263,8 @@ def test_objective_is_gin_configurable_through_denoise(small_vocab):
         ds = tf.data.Dataset.from_tensors({"targets": tf.range(3, 43)})
         features = {k: seqio.Feature(small_vocab) for k in ("inputs", "targets")}
         with seqio.utils.map_seed_manager(0):
-            (ex,) = list(O.denoise(ds, {"inputs": 64, "targets": 64}, features).as_numpy_iterator())
+            (ex,) = list(objectives.denoise(ds, {"inputs": 64, "targets": 64},
+                                            features).as_numpy_iterator())
     finally:
         gin.clear_config()
     assert len(ex["inputs"]) == len(ex["targets"]) == 21  # 20 kept / 20 dropped + EOS

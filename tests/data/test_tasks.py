@@ -12,8 +12,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from t5x_like.data import objectives as O
-from t5x_like.data import tasks
+from t5x_like.data import objectives, tasks
 
 SMALL = {"inputs": 64, "targets": 16}
 DECODER = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
@@ -157,7 +156,7 @@ def test_every_objective_gin_file(data_dir):
         assert task in tasks.list_tasks(), path
         if not task.endswith("_mixture"):
             objective = tasks.task_objective(task)
-            assert lengths == O.default_sequence_length(objective, 512), path
+            assert lengths == objectives.default_sequence_length(objective, 512), path
 
 
 def test_new_objective_from_gin_without_code(data_dir):

@@ -225,7 +225,7 @@ def test_invalid_arguments_raise(match: str, call) -> None:
 def test_tile_bucket_bounds_enclose_every_tile(bidirectional: bool, test_seed: int) -> None:
     """The GPU dQ kernel visits only buckets in `tile_bucket_bounds` (corner arithmetic): they must
     enclose every bucket of the tile, and be exact for tiles that do not span the diagonal."""
-    from t5x_like.kernels import _flash_common as fc
+    from t5x_like.kernels import _flash_common
     from t5x_like.kernels.relpos import relative_position_bucket
 
     bq, bk = 64, 32
@@ -234,7 +234,7 @@ def test_tile_bucket_bounds_enclose_every_tile(bidirectional: bool, test_seed: i
     rng = np.random.default_rng(test_seed)
     for _ in range(200):
         q0, k0 = (int(x) * 16 for x in rng.integers(0, 64, 2))
-        lo, hi = fc.tile_bucket_bounds(cfg, jnp.int32(q0), jnp.int32(k0))
+        lo, hi = _flash_common.tile_bucket_bounds(cfg, jnp.int32(q0), jnp.int32(k0))
         rel = (k0 + np.arange(bk))[None, :] - (q0 + np.arange(bq))[:, None]
         tile = np.asarray(relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
                                                    num_buckets=32, max_distance=128))

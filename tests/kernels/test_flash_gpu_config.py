@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.kernels import _flash_triton
-from t5x_like.kernels import flash as fa
+from t5x_like.kernels import _flash_triton, flash
 from t5x_like.kernels._flash_common import FlashConfig
 from t5x_like.kernels._flash_reference import reference_attention
 from t5x_like.kernels.relpos import relative_position_bucket
@@ -30,39 +29,39 @@ def test_code_table_equals_tuner_picks() -> None:
                     for d, by_k in by_d.items()} for arch, by_d in doc["picks"].items()}
     for arch, by_d in picks.items():
         for d, by_k in by_d.items():
-            assert fa.GPU_BLOCKS[arch][d] == by_k, (arch, d)
-    assert set(picks) == set(fa.GPU_ARCHS) - {"sm_89"}
-    assert fa.GPU_BLOCKS["sm_89"] == fa.GPU_BLOCKS["sm_86"]  # same smem limit and MMA code
+            assert flash.GPU_BLOCKS[arch][d] == by_k, (arch, d)
+    assert set(picks) == set(flash.GPU_ARCHS) - {"sm_89"}
+    assert flash.GPU_BLOCKS["sm_89"] == flash.GPU_BLOCKS["sm_86"]  # same smem limit and MMA code
 
 
 def test_compile_target_drives_backend_and_blocks() -> None:
-    assert fa.current_target().platform == "cpu"
-    with fa.compile_target("gpu", "sm_86") as target:
-        assert fa.current_target() == target == fa.Target("gpu", "sm_86")
-        fwd = fa.default_block_sizes(128, "triton", target, "fwd")
-        bwd = fa.default_block_sizes(128, "triton", target, "bwd")
-        assert (fwd, bwd) == (fa.GPU_BLOCKS["sm_86"][128]["fwd"],
-                              fa.GPU_BLOCKS["sm_86"][128]["bwd"])
-        with fa.compile_target("tpu", "v5e"):
-            assert fa.current_target() == fa.Target("tpu", "v5e")
-        assert fa.current_target().arch == "sm_86"
-    assert fa.current_target().platform == "cpu"
+    assert flash.current_target().platform == "cpu"
+    with flash.compile_target("gpu", "sm_86") as target:
+        assert flash.current_target() == target == flash.Target("gpu", "sm_86")
+        fwd = flash.default_block_sizes(128, "triton", target, "fwd")
+        bwd = flash.default_block_sizes(128, "triton", target, "bwd")
+        assert (fwd, bwd) == (flash.GPU_BLOCKS["sm_86"][128]["fwd"],
+                              flash.GPU_BLOCKS["sm_86"][128]["bwd"])
+        with flash.compile_target("tpu", "v5e"):
+            assert flash.current_target() == flash.Target("tpu", "v5e")
+        assert flash.current_target().arch == "sm_86"
+    assert flash.current_target().platform == "cpu"
 
 
 def test_unknown_archs_fall_back_safely() -> None:
     # Newer than the table: the smallest-shared-memory tuned table; older: small tiles.
-    assert fa.default_block_sizes(64, "triton", fa.Target("gpu", "sm_120")) == \
-        fa.GPU_BLOCKS["sm_86"][64]["fwd"]
-    old = fa.default_block_sizes(64, "triton", fa.Target("gpu", "sm_75"), "bwd")
+    assert flash.default_block_sizes(64, "triton", flash.Target("gpu", "sm_120")) == \
+        flash.GPU_BLOCKS["sm_86"][64]["fwd"]
+    old = flash.default_block_sizes(64, "triton", flash.Target("gpu", "sm_75"), "bwd")
     assert old[0] * old[1] <= 64 * 64
-    assert fa.default_block_sizes(64, "triton", fa.Target("gpu", "sm_90a")) == \
-        fa.GPU_BLOCKS["sm_90"][64]["fwd"]
+    assert flash.default_block_sizes(64, "triton", flash.Target("gpu", "sm_90a")) == \
+        flash.GPU_BLOCKS["sm_90"][64]["fwd"]
 
 
 @pytest.mark.parametrize("bad", [("cuda", None), ("gpu", "a100"), ("tpu", "v3")])
 def test_compile_target_rejects_bad_input(bad) -> None:
     with pytest.raises(ValueError, match="platform|arch"):
-        with fa.compile_target(*bad):
+        with flash.compile_target(*bad):
             pass
 
 
@@ -70,18 +69,18 @@ def test_tpu_targets_use_the_tpu_kernel_table() -> None:
     from t5x_like.kernels import _flash_tpu
 
     fwd, bwd = _flash_tpu.default_blocks("v6e", 128)
-    target = fa.Target("tpu", "v6e")
-    assert fa.default_block_sizes(128, "mosaic_tpu", target, "fwd")[:2] == fwd
-    assert fa.default_block_sizes(128, "mosaic_tpu", target, "bwd")[:2] == bwd
-    assert fa.tpu_arch_of("TPU v5 lite") == "v5e" and fa.tpu_arch_of("TPU v5p") == "v5p"
-    assert fa.tpu_arch_of("TPU v4") == "v4" and fa.tpu_arch_of("TPU v6 lite") == "v6e"
+    target = flash.Target("tpu", "v6e")
+    assert flash.default_block_sizes(128, "mosaic_tpu", target, "fwd")[:2] == fwd
+    assert flash.default_block_sizes(128, "mosaic_tpu", target, "bwd")[:2] == bwd
+    assert flash.tpu_arch_of("TPU v5 lite") == "v5e" and flash.tpu_arch_of("TPU v5p") == "v5p"
+    assert flash.tpu_arch_of("TPU v4") == "v4" and flash.tpu_arch_of("TPU v6 lite") == "v6e"
 
 
 def test_gpu_arch_of() -> None:
-    assert fa.gpu_arch_of("9.0") == "sm_90"
-    assert fa.gpu_arch_of("8.6") == "sm_86"
+    assert flash.gpu_arch_of("9.0") == "sm_90"
+    assert flash.gpu_arch_of("8.6") == "sm_86"
     with pytest.raises(ValueError, match="compute capability"):
-        fa.gpu_arch_of("hopper")
+        flash.gpu_arch_of("hopper")
 
 
 def _cfg(**kw) -> FlashConfig:
@@ -151,7 +150,7 @@ def test_separate_backward_blocks_match_reference(causal: bool) -> None:
               rel_bidirectional=not causal, rel_max_distance=24)
 
     def ours(q, k, v, t):
-        return fa.flash_attention(q, k, v, rel_bias=t, block_q=32, block_k=16, bwd_block_q=16,
+        return flash.flash_attention(q, k, v, rel_bias=t, block_q=32, block_k=16, bwd_block_q=16,
                                   bwd_block_k=32, backend="triton", **kw)
 
     def ref(q, k, v, t):

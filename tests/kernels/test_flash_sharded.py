@@ -18,7 +18,7 @@ from jax.sharding import AbstractMesh
 
 from t5x_like.models import TransformerConfig, make_model
 from t5x_like.models.attention import PallasShards, pallas_shards
-from t5x_like.train import partitioning as P
+from t5x_like.train import partitioning
 from tests.kernels.test_flash_models import TINY, _batch, assert_same_loss_and_grads
 
 AXES = ("data", "fsdp", "model")
@@ -45,12 +45,12 @@ AXES = ("data", "fsdp", "model")
 )
 def test_shard_plan_follows_the_logical_rules(shape, preset, dims, want) -> None:
     mesh = AbstractMesh(shape, AXES)
-    with nn.logical_axis_rules(P.logical_axis_rules(preset)):
+    with nn.logical_axis_rules(partitioning.logical_axis_rules(preset)):
         assert pallas_shards(mesh, *dims) == want
 
 
 def test_no_mesh_or_one_device_calls_the_kernel_directly() -> None:
-    with nn.logical_axis_rules(P.logical_axis_rules("tensor_parallel")):
+    with nn.logical_axis_rules(partitioning.logical_axis_rules("tensor_parallel")):
         assert pallas_shards(AbstractMesh((), ()), 8, 4, 4) is None
         assert pallas_shards(AbstractMesh((1, 1, 1), AXES), 8, 4, 4) is None
 
@@ -61,8 +61,8 @@ def _loss_and_grads(family, impl, batch, params, mesh_shape=None, preset=None, k
     fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))
     if mesh_shape is None:
         return fn(params), None
-    mesh = P.create_mesh(mesh_shape, devices=jax.devices()[: int(np.prod(mesh_shape))])
-    with P.partitioning_context(mesh, P.logical_axis_rules(preset)):
+    mesh = partitioning.create_mesh(mesh_shape, devices=jax.devices()[: int(np.prod(mesh_shape))])
+    with partitioning.partitioning_context(mesh, partitioning.logical_axis_rules(preset)):
         jaxpr = str(jax.make_jaxpr(fn)(params))
         return fn(params), jaxpr
 

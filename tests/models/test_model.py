@@ -1,4 +1,8 @@
-"""Model API: loss/metrics, score, parameter counts, analytic FLOPs vs XLA, and overfitting."""
+"""Model API: loss/metrics, score, parameter counts, analytic FLOPs vs XLA, overfitting, and
+the family layout (config stacks, inference batches)."""
+
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -199,3 +203,88 @@ def test_tiny_model_overfits_a_fixed_batch():
         params, opt_state, loss = train_step(params, opt_state)
         losses.append(float(loss))
     assert losses[0] > 3.5 and losses[-1] < 0.1 * losses[0]
+
+
+def test_families_module_is_a_standard_library_leaf():
+    """`t5x_like.families` is read by `data/` (TensorFlow, no jax) and `models/` (jax, no
+    TensorFlow): it imports neither, nor numpy or gin."""
+    code = ("import sys, t5x_like.families; "
+            "print(sorted(m for m in ('jax', 'tensorflow', 'numpy', 'gin', 'seqio') "
+            "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+@pytest.mark.parametrize("fields,stacks", [
+    (dict(num_encoder_layers=2, num_decoder_layers=3), {"decoder": 3, "encoder": 2}),
+    (dict(num_encoder_layers=3, num_decoder_layers=3, shared_encoder_decoder=True),
+     {"shared": 3}),
+    (dict(family="decoder_only", num_encoder_layers=0, num_decoder_layers=4), {"decoder": 4}),
+    (dict(family="prefix_lm", num_encoder_layers=0, num_decoder_layers=2), {"decoder": 2}),
+])
+def test_layer_stacks_round_trip(fields, stacks):
+    cfg = TransformerConfig(**fields)
+    assert cfg.layer_stacks() == stacks
+    assert cfg.with_layer_stacks(stacks) == cfg
+    assert cfg.shares_layers == ("shared" in stacks)
+    deeper = cfg.with_layer_stacks({k: v + 1 for k, v in stacks.items()})
+    assert deeper.layer_stacks() == {k: v + 1 for k, v in stacks.items()}
+    assert deeper.num_encoder_layers == (cfg.num_encoder_layers + 1 if cfg.has_encoder else 0)
+
+
+INPUT_IDS = [[5, 6, 1], [7, 1]]  # each ends with EOS (a task with inputs)
+
+
+def test_encoder_decoder_prompt_and_rank_batches():
+    model = make_model(TransformerConfig())
+    assert model.input_eos(True) and model.input_eos(False)  # the encoder reads a task's inputs
+    batch = model.prompt_batch(INPUT_IDS, input_length=4)
+    assert set(batch) == {"encoder_input_tokens"}
+    assert batch["encoder_input_tokens"].tolist() == [[5, 6, 1, 0], [7, 1, 0, 0]]
+    forced = model.prompt_batch(INPUT_IDS, [[9], []], input_length=4)
+    assert forced["decoder_input_tokens"].tolist() == [[0, 9], [0, 0]]  # BOS + forced tokens
+    assert forced["prompt_lengths"].tolist() == [2, 1]
+    ranked = model.rank_batch(INPUT_IDS, input_length=4)
+    assert {k: v.tolist() for k, v in ranked.items()} == {k: v.tolist() for k, v in batch.items()}
+    assert all(v.dtype == np.int32 for v in (*batch.values(), *forced.values()))
+
+
+@pytest.mark.parametrize("family", ["decoder_only", "prefix_lm"])
+def test_decoder_only_prompt_and_rank_batches(family):
+    model = make_model(TransformerConfig(family=family))
+    assert model.input_eos(True) and not model.input_eos(False)  # targets-only: a continuation
+    batch = model.prompt_batch(INPUT_IDS, [[9], []], input_length=4)
+    assert batch["decoder_input_tokens"].tolist() == [[0, 5, 6, 1, 9], [0, 7, 1, 0, 0]]
+    assert batch["prompt_lengths"].tolist() == [5, 3]
+    # BOS + input is the bidirectional prefix; the forced decoder prompt is not.
+    assert batch["decoder_causal_attention"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]
+    prompt = model.decode_prompt(batch)
+    assert ("decoder_causal_attention" in prompt) == (family == "prefix_lm")
+    ranked = model.rank_batch(INPUT_IDS, input_length=4)
+    assert ranked["decoder_input_tokens"].shape == (2, 5)  # BOS + input_length: one shape
+    assert ranked["prompt_lengths"].tolist() == [4, 3]
+    wide = model.rank_batch([[5, 6, 7, 1]], input_length=4)
+    assert wide["decoder_input_tokens"].tolist() == [[0, 5, 6, 7, 1]]
+
+
+def test_targets_only_lm_scores_a_prompt_and_target_longer_than_its_length():
+    """A targets-only LM continues its prompt: prompt (up to input_length ids) + target (up to
+    target_length) make one sequence, and the score is the sum of the target tokens' log-probs
+    in it, as a plain forward pass over the concatenation gives."""
+    model = make_model(TransformerConfig(family="decoder_only", vocab_size=32, emb_dim=16,
+                                         num_heads=2, head_dim=8, mlp_dim=32,
+                                         num_decoder_layers=1, dtype="float32"))
+    prompt, target = [5, 6, 7, 8], [9, 10, 11, 1]
+    batch = model.score_batch([prompt], [target], input_length=4, target_length=4,
+                              has_inputs=False)
+    assert batch["decoder_target_tokens"].tolist() == [[*prompt, *target]]  # 8 > target_length
+    assert batch["decoder_loss_weights"].tolist() == [[0, 0, 0, 0, 1, 1, 1, 1]]
+    params = model.init_variables(jax.random.PRNGKey(0), model.example_batch(1))["params"]
+    params = nn.unbox(params)
+    score = float(model.score(params, {k: jnp.asarray(v) for k, v in batch.items()})[0])
+    log_probs = jax.nn.log_softmax(model.logits(params, {
+        "decoder_input_tokens": jnp.asarray([[0, *prompt, *target[:-1]]]),
+        "decoder_target_tokens": jnp.asarray([[*prompt, *target]])}), axis=-1)[0]
+    want = sum(float(log_probs[4 + i, t]) for i, t in enumerate(target))
+    assert score == pytest.approx(want, abs=1e-5)

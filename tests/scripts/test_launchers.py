@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from t5x_like.train import distributed as D
+from t5x_like.train import distributed
 
 REPO = Path(__file__).resolve().parents[2]
 TPU = REPO / "scripts" / "tpu" / "tpu.sh"
@@ -107,7 +107,7 @@ def test_tpu_train_mounts_gcs_and_passes_flags_exactly() -> None:
         "--gin.train.task='c4_span_corruption'", "--gin.train.batch_size=64",
     ]
     # What the launcher sets is what distributed.py acts on.
-    assert D.detect_cluster({"T5X_LIKE_DISTRIBUTED": "1"}) == "auto"
+    assert distributed.detect_cluster({"T5X_LIKE_DISTRIBUTED": "1"}) == "auto"
 
 
 def test_tpu_logs_stop_and_errors() -> None:
@@ -188,12 +188,13 @@ SRUN_ENV = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "16", "SLURM_STEP_NODELIST": "
     ({}, None),
 ])
 def test_detect_cluster_on_faked_environments(env: dict[str, str], expected: str | None) -> None:
-    assert D.detect_cluster(env) == expected
-    assert D.launch_mode(env=env) == expected
+    assert distributed.detect_cluster(env) == expected
+    assert distributed.launch_mode(env=env) == expected
 
 
 def test_explicit_flags_win_over_the_environment() -> None:
-    assert D.launch_mode("10.0.0.1:1234", 2, env=SRUN_ENV) == "explicit"
-    assert D.launch_mode(None, 4, env={}) == "explicit"
-    assert D.launch_mode(None, 1, env={}) is None
-    assert D.initialize(None, 1, None) is False  # this test process: nothing to initialise
+    assert distributed.launch_mode("10.0.0.1:1234", 2, env=SRUN_ENV) == "explicit"
+    assert distributed.launch_mode(None, 4, env={}) == "explicit"
+    assert distributed.launch_mode(None, 1, env={}) is None
+    # This test process: nothing to initialise.
+    assert distributed.initialize(None, 1, None) is False

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from t5x_like.sweep import costs, runner
+from t5x_like.sweep import costs, grid, runner
 from t5x_like.sweep.__main__ import main
 
 T2 = "gin/sweeps/t5_table2_architectures.gin"
@@ -19,7 +19,8 @@ def test_print_commands_one_line_per_cell(tmp_path, capsys):
     assert main([f"--sweep={T2},{T3}", "--scale=micro", f"--sweep_dir={tmp_path}",
                  "--print_commands"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 12  # 10 + 3 rows, Table 3's prefix LM = Table 2's enc-dec LM
+    assert len(lines) == 13  # 11 + 4 rows; Table 3's prefix LM = Table 2's enc-dec LM, and the
+    # no-pre-training control is one cell in both tables
     for line in lines:
         argv = shlex.split(line)
         assert argv[1:3] == ["-m", "t5x_like.sweep"] and argv[3].startswith("--run_cell=")
@@ -39,10 +40,30 @@ def test_print_commands_one_line_per_cell(tmp_path, capsys):
                               "--gin_bindings=train.batch_size = 2"]
     shared = [json.loads(open(os.path.join(shlex.split(x)[3][11:], "cell.json")).read())
               for x in lines]
-    assert sum(len(s["rows"]) == 2 for s in shared) == 1
-    flops = [costs.measure(s["gin_files"], s["bindings"], s["sequence_length"])
-             ["flops_per_sequence"] for s in shared]
+    assert sum(len(s["rows"]) == 2 for s in shared) == 2
+    assert [s.get("control", False) for s in shared] == [False] * 12 + [True]  # last: untrained
+    measured = [costs.measure(s["gin_files"], s["bindings"], s["sequence_length"])
+                for s in shared]
+    flops = [m["flops_per_sequence"] * m["batch_size"] * m["num_train_steps"] for m in measured]
     assert flops == sorted(flops, reverse=True) and flops[0] > flops[-1]  # longest first
+
+
+def test_cells_run_seed_major_longest_first_within_a_seed():
+    """Every row's seed 0, then seed 1: a sweep spread over hosts gives each row seeds on each
+    host it spans; within a seed the most training FLOPs first."""
+    specs = [grid.load_sweep(T2), grid.load_sweep(T3)]
+    cells = grid.expand(specs, grid.load_scale("micro"), seeds=2)
+    order = runner.run_order(cells)
+    assert sorted(c.cell_id for c in order) == sorted(c.cell_id for c in cells)
+    assert [c.seed for c in order] == [0] * 13 + [1] * 13
+    for seed in range(2):
+        in_seed = [c for c in order if c.seed == seed]
+        measured = [costs.measure(c.gin_files, c.bindings, c.sequence_length) for c in in_seed]
+        flops = [m["flops_per_sequence"] * m["batch_size"] * m["num_train_steps"]
+                 for m in measured]
+        assert flops == sorted(flops, reverse=True)
+        # the rows in the same order in every seed
+        assert [c.rows for c in in_seed] == [c.rows for c in order if c.seed == 0]
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):

@@ -1,11 +1,16 @@
-"""Sweep files -> cells: every paper row present, a new line adds a cell, dedup, seeds."""
+"""Sweep files -> cells: every paper row present, a new line adds a cell, dedup, seeds, the
+control row, the full-span LM row, and the v4 definitions still naming the archived cells."""
 
 import os
 
 import pytest
 
-from t5x_like.sweep import costs, grid, paper
+from t5x_like.data import tasks
+from t5x_like.sweep import costs, grid, paper, runner
 
+ARCHIVE = "benchmarks/sweep_cells/tiny.jsonl.gz"
+V4 = ("gin/sweeps/history/v4/t5_table2_architectures.gin",
+      "gin/sweeps/history/v4/t5_table3_objectives.gin")
 SWEEPS = {
     "table2": "gin/sweeps/t5_table2_architectures.gin",
     "table3": "gin/sweeps/t5_table3_objectives.gin",
@@ -31,10 +36,10 @@ def test_every_paper_row_is_a_sweep_row(specs):
 def test_all_tables_expand_with_shared_cells_run_once(specs):
     scale = grid.load_scale("micro")
     cells = grid.expand(list(specs.values()), scale)
-    # 10 + 3 + 4 + 4 + 5 = 26 rows; shared: Table 3 prefix LM = Table 2 enc-dec LM, BERT-style
-    # in 3 and 4, the baseline in 2, 4, 5 (15%) and 6 (i.i.d.).
-    assert len(cells) == 21
-    assert len({c.cell_id for c in cells}) == 21
+    # 11 + 4 + 4 + 4 + 5 = 28 rows; shared: Table 3 prefix LM = Table 2 enc-dec LM, the
+    # control in 2 and 3, BERT-style in 3 and 4, the baseline in 2, 4, 5 (15%) and 6 (i.i.d.).
+    assert len(cells) == 22
+    assert len({c.cell_id for c in cells}) == 22
     baseline = [c for c in cells if ("table2", "Encoder-decoder | Denoising") in c.rows]
     assert len(baseline) == 1
     assert set(baseline[0].rows) == {("table2", "Encoder-decoder | Denoising"),
@@ -44,12 +49,20 @@ def test_all_tables_expand_with_shared_cells_run_once(specs):
     assert ("table2", "Encoder-decoder | LM") in prefix.rows
     assert prefix.cell_id.startswith("encdec_2x2__prefix_lm__s0__")
     lm = [c for c in cells if ("table2", "Language model | LM") in c.rows][0]
-    assert lm.cell_id.startswith("lm_2L__prefix_lm__")
+    assert lm.cell_id.startswith("decoderonly_2L__full_lm__")  # the whole span, decoder-only
     six = [c for c in cells if ("table2", "Enc-dec 6 layers | LM") in c.rows][0]
     assert six.cell_id.startswith("encdec_1x1__prefix_lm__")
-    # every cell: the scale's inputs length, the objective's own targets length
-    assert all(c.sequence_length["inputs"] == scale.inputs_length for c in cells)
+    # every cell: the scale's inputs length, the objective's own targets length; the full-span
+    # LM reads a prefix-LM example's inputs + targets
+    assert all(c.sequence_length["inputs"] == scale.inputs_length for c in cells if c is not lm)
+    assert lm.sequence_length == {"targets": sum(prefix.sequence_length.values())}
     assert baseline[0].sequence_length["targets"] < prefix.sequence_length["targets"]
+    (control,) = [c for c in cells if c.control]
+    assert set(control.rows) == {("table2", paper.NO_PRETRAINING),
+                                 ("table3", paper.NO_PRETRAINING)}
+    assert control.cell_id.startswith(f"encdec_2x2__{grid.NO_PRETRAINING}__s0__")
+    assert "train.num_train_steps = 0" in control.bindings
+    assert control.config_hash != baseline[0].config_hash  # the baseline, pre-trained
 
 
 def test_adding_a_line_adds_a_cell_and_seeds_multiply(tmp_path):
@@ -68,7 +81,7 @@ def test_adding_a_line_adds_a_cell_and_seeds_multiply(tmp_path):
     assert {c.cell_id for c in before} < {c.cell_id for c in after}
     seeded = grid.expand([grid.load_sweep(SWEEPS["table3"])], scale, seeds=2)
     assert len(seeded) == 2 * len(before)
-    assert sorted(c.seed for c in seeded) == [0, 0, 0, 1, 1, 1]
+    assert sorted(c.seed for c in seeded) == [0] * 4 + [1] * 4
     assert all(f"train.seed = {c.seed}" in c.bindings for c in seeded)
     only = grid.expand([grid.load_sweep(SWEEPS["table3"])], scale, rows=["BERT-style"])
     assert [c.rows for c in only] == [(("table3", "BERT-style"),)]
@@ -86,6 +99,9 @@ def test_table2_bookkeeping_measured_at_tiny(specs):
     assert shared["parameters"] < enc_dec["parameters"]
     assert six["parameters"] < enc_dec["parameters"]
     assert lm["parameters"] == prefix["parameters"] < enc_dec["parameters"]
+    # M: the full-span LM reads as many tokens per sequence as the prefix LM beside it.
+    assert lm["flops_per_sequence"] == prefix["flops_per_sequence"]
+    assert cells["Language model | LM"].sequence_length == {"targets": 2 * scale.inputs_length}
     # M vs M/2: the shared model costs as much as the baseline, half the layers about half.
     assert shared["flops_per_sequence"] == pytest.approx(enc_dec["flops_per_sequence"], rel=0.01)
     assert six["flops_per_sequence"] < 0.75 * enc_dec["flops_per_sequence"]
@@ -107,3 +123,42 @@ def test_bad_input_is_named(tmp_path):
                        "sweep.rows = {'a': ['gin/objectives/nope.gin']}\n")
     with pytest.raises(grid.SweepError, match="nope.gin"):
         grid.expand([grid.load_sweep(str(missing))], grid.load_scale("micro"))
+    corpus = tmp_path / "corpus.gin"
+    corpus.write_text("include 'gin/sweeps/scales/micro.gin'\nsweep_scale.corpus = 'wiki'\n")
+    with pytest.raises(grid.SweepError, match="corpus must be one of"):
+        grid.load_scale(str(corpus))
+
+
+def test_the_rerun_reuses_every_unchanged_archived_cell_and_v4_names_them_all(tmp_path):
+    """Tables 2 + 3 at `tiny`, 3 seeds: the full-span LM row and the control are new cells, the
+    other 33 are the archive's, restored with their cell.json as archived (a sweep rewrites it
+    and archives it again); the v4 definitions (gin/sweeps/history/v4) name exactly the 36
+    archived cells, so that report can be rebuilt."""
+    scale = grid.load_scale("tiny")
+    records = runner.read_archive(os.path.join(grid.REPO_ROOT, ARCHIVE))
+    archived = set(records)
+    now = grid.expand([grid.load_sweep(SWEEPS["table2"]), grid.load_sweep(SWEEPS["table3"])],
+                      scale, seeds=3)
+    new = sorted(c.cell_id for c in now if c.cell_id not in archived)
+    assert len(now) == 39 and len(new) == 6
+    assert [n.split("__")[1] for n in new] == ["full_lm"] * 3 + [grid.NO_PRETRAINING] * 3
+    assert runner.restore(now, os.path.join(grid.REPO_ROOT, ARCHIVE), str(tmp_path)) == 33
+    for cell in now:
+        if cell.cell_id in archived:
+            spec = os.path.join(runner.prepare(cell, scale, str(tmp_path)), runner.CELL_SPEC)
+            assert open(spec).read() == records[cell.cell_id][runner.CELL_SPEC], cell.cell_id
+    v4 = grid.expand([grid.load_sweep(p) for p in V4], scale, seeds=3)
+    assert {c.cell_id for c in v4} == archived and not any(c.control for c in v4)
+
+
+def test_corpora_and_word_order_definition_come_from_their_one_place():
+    for corpus in tasks.CORPORA:
+        for other in tasks.CORPORA:
+            assert grid.corpus_task(f"{other}_prefix_lm", corpus) == f"{corpus}_prefix_lm"
+    assert grid.corpus_task("downstream_spam", "c4") == "downstream_spam"
+    scale = grid.load_scale("tiny_word_order")
+    assert scale.evaluate_flags[0] == "--tasks=downstream_word_order"
+    cells = grid.expand([grid.load_sweep("gin/sweeps/word_order_objectives.gin")], scale)
+    rows = [row for c in cells for _, row in c.rows]
+    assert rows == ["Prefix LM", "BERT-style", "Deshuffling", paper.NO_PRETRAINING]
+    assert [c.control for c in cells] == [False, False, False, True]

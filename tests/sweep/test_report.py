@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from t5x_like import host
+from t5x_like.runtime import host
 from t5x_like.sweep import paper, report, runner
 from t5x_like.sweep.config import SweepSpec
 from t5x_like.sweep.grid import Cell
@@ -20,7 +20,8 @@ def _spec():
                      base=(), metric="suite_average", bookkeeping={})
 
 
-def _fake_sweep(sweep_dir, scores, seeds=1, code=None, host=None):
+def _fake_sweep(sweep_dir, scores, seeds=1, code=None, host=None, control=None,
+                exploratory=None):
     """One cell per (row, seed) with results.json + a metrics.jsonl loss curve."""
     cells = []
     for row, score in zip(ROWS, scores, strict=True):
@@ -40,7 +41,9 @@ def _fake_sweep(sweep_dir, scores, seeds=1, code=None, host=None):
                 "pretrain": {"final_loss": 3.0 + seed}, "parameters": 1000,
                 "flops_per_sequence": 2.5e6, "seconds": {"total": 60.0},
                 **({"code": code(row, seed)} if code else {}),
-                **({"host": host(row, seed)} if host else {})})
+                **({"host": host(row, seed)} if host else {}),
+                **({"control": True} if control and control(row) else {}),
+                **({"exploratory": exploratory} if exploratory is not None else {})})
             cells.append(cell)
     return cells
 
@@ -55,7 +58,8 @@ def test_same_order_tau_one_reversed_minus_one(tmp_path):
     reverse = _fake_sweep(tmp_path / "b", [50.0, 40.0, 60.0])
     table = report.build([_spec()], reverse, str(tmp_path / "b"), "micro")["tables"]["table3"]
     assert table["kendall_tau"] == pytest.approx(-1.0)
-    assert 0.0 < table["kendall_p_value"] <= 1.0
+    assert table["kendall_p_value"] == pytest.approx(2 / 6)  # exact: 2 of the 3! orders
+    assert "exact permutation p = 0.333" in report.table_markdown("table3", table)
     assert report.kendall([1.0], [2.0]) == (None, None)
 
 
@@ -155,7 +159,7 @@ def _write_predictions(sweep_dir, cells, right_share, offset=None, constant=None
                                     "output": fixed or (t if right else wrong)}) + "\n")
 
 
-def test_bootstrap_cis_tau_ci_and_claims_from_saved_predictions(tmp_path):
+def test_intervals_and_claims_from_saved_predictions(tmp_path):
     cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2)
     shares = {"Prefix LM": 0.6, "BERT-style": 0.95, "Deshuffling": 0.62}
     _write_predictions(tmp_path, cells, shares, offset={"Deshuffling": 100})
@@ -165,15 +169,20 @@ def test_bootstrap_cis_tau_ci_and_claims_from_saved_predictions(tmp_path):
     assert lo < hi and lo > by_row["Prefix LM"]["ci"][1]
     claims = {c["claim"]: c for c in table["claims"]}
     assert set(claims) == {c.text for c in paper.CLAIMS if c.table == "table3"}
-    assert claims["BERT-style beats prefix LM"]["verdict"] == "reproduced"
-    assert claims["BERT-style beats prefix LM"]["paper_difference"] == pytest.approx(2.27)
+    bert = claims["BERT-style beats prefix LM"]
+    assert bert["verdict"] == "reproduced" and bert["paper_difference"] == pytest.approx(2.27)
+    assert bert["p_holm"] < 0.05 and bert["ci"][0] > 0 and bert["ci_confidence"] > 0.95
+    assert bert["ci95"][0] > bert["ci"][0]  # Holm's level is stricter than 95%
     # Prefix LM (60% right) vs Deshuffling (62%, other examples): too close to call
-    assert claims["Deshuffling is worse than prefix LM"]["verdict"] == "unresolved"
-    assert table["bootstrap_replicates"] > 0 and -1 <= table["kendall_tau_ci"][0] <= 1
+    close = claims["Deshuffling is worse than prefix LM"]
+    assert close["verdict"] == "unresolved" and close["p_holm"] >= 0.05
+    assert close["ci"][0] < 0 < close["ci"][1]
+    assert "Holm" in table["verdict_method"] and "kendall_tau_ci" not in table
     md = report.table_markdown("table3", table)
-    assert "| BERT-style beats prefix LM | 2.27 |" in md and "95% CI [" in md
+    assert "| BERT-style beats prefix LM | 2.27 | +36.14 | [+27.81, +44.46] (98.3%) | < 0.001" in md
+    assert "interval at Holm's level" in md and "95% t interval" in md
     # the same 2 points, when Deshuffling is right on a superset of Prefix LM's examples: the
-    # test examples are paired across rows, so the difference is resolved (against the paper)
+    # test examples are shared across rows, so the difference is resolved (against the paper)
     paired = _fake_sweep(tmp_path / "paired", [50.0, 60.0, 40.0], seeds=2)
     _write_predictions(tmp_path / "paired", paired, shares)
     table = report.build([_spec()], paired, str(tmp_path / "paired"), "micro")["tables"]["table3"]
@@ -181,11 +190,62 @@ def test_bootstrap_cis_tau_ci_and_claims_from_saved_predictions(tmp_path):
     assert claims["Deshuffling is worse than prefix LM"]["verdict"] == "contradicted"
 
 
-def test_no_predictions_no_bootstrap(tmp_path):
+def test_no_predictions_no_claims(tmp_path):
     cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0])
     table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
-    assert table["claims"] == [] and table["kendall_tau_ci"] is None
+    assert table["claims"] == [] and table["verdict_method"] is None
     assert all(r["ci"] is None for r in table["rows"])
+
+
+def test_claims_across_hosts_are_flagged_and_host_is_tested(tmp_path):
+    """Prefix LM on host A, the other rows on B: the claims with Prefix LM on one side compare
+    hosts; with every row on one host the host is confounded (untested). Seeds split across
+    the hosts make it a testable factor."""
+    on_a = lambda row, seed: "cpu-A" if row == "Prefix LM" else "cpu-B"
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], seeds=2, host=on_a)
+    _write_predictions(tmp_path, cells, {"Prefix LM": 0.6, "BERT-style": 0.95,
+                                         "Deshuffling": 0.62})
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    claims = {c["claim"]: c["hosts"] for c in table["claims"]}
+    assert claims["BERT-style beats prefix LM"] == {"better": {"cpu-B": 2},
+                                                    "worse": {"cpu-A": 2}, "warning": True}
+    assert not claims["Deshuffling is worse than BERT-style"]["warning"]
+    assert table["hosts"] == {"cpu-A": 2, "cpu-B": 4}
+    assert not table["host_factor"]["testable"] and table["host_factor"]["f"] is None
+    md = report.table_markdown("table3", table)
+    assert "| B2 vs A2 ⚠ |" in md and "| B2 vs B2 |" in md and "A = cpu-A; B = cpu-B" in md
+    assert "cannot be told apart from the rows (untested)" in md
+    split = _fake_sweep(tmp_path / "split", [50.0, 60.0, 40.0], seeds=2,
+                        host=lambda row, seed: f"cpu{seed}")
+    table = report.build([_spec()], split, str(tmp_path / "split"), "micro")["tables"]["table3"]
+    found = table["host_factor"]  # seed 1 scores one point above seed 0 in every row
+    assert found["testable"] and found["rows_spanning_hosts"] == 3
+    assert found["effects"]["cpu1"] == pytest.approx(1.0) and found["df"] == [1, 2]
+    assert "Suite average = row + host" in report.table_markdown("table3", table)
+    alone = report.build([_spec()], _fake_sweep(tmp_path / "one", [50.0, 60.0, 40.0], seeds=2),
+                         str(tmp_path / "one"), "micro")["tables"]["table3"]
+    assert alone["host_factor"] is None and "Host as a factor" not in report.table_markdown(
+        "table3", alone)
+
+
+def test_an_exploratory_task_is_marked(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], exploratory={"downstream_spam": True})
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    assert table["exploratory_tasks"] == ["downstream_spam"]
+    md = report.table_markdown("table3", table)
+    assert "| spam † |" in md and "† Exploratory task: designed after results were seen" in md
+    plain = _fake_sweep(tmp_path / "plain", [50.0, 60.0, 40.0],
+                        exploratory={"downstream_spam": False})
+    table = report.build([_spec()], plain, str(tmp_path / "plain"), "micro")["tables"]["table3"]
+    assert table["exploratory_tasks"] == [] and "†" not in report.table_markdown("table3", table)
+
+
+def test_a_control_row_is_shown_but_not_ranked(tmp_path):
+    cells = _fake_sweep(tmp_path, [50.0, 60.0, 40.0], control=lambda row: row == "Deshuffling")
+    table = report.build([_spec()], cells, str(tmp_path), "micro")["tables"]["table3"]
+    assert [r["control"] for r in table["rows"]] == [False, False, True]
+    assert table["kendall_rows"] == 2 and "Deshuffling" not in table["ranking_ours"]
+    assert table["rows"][2]["ours_mean"] == pytest.approx(40.0)
 
 
 def test_collapsed_fine_tunes_are_counted_per_row(tmp_path):
@@ -251,8 +311,13 @@ def test_rows_differ_in_the_report(tmp_path):
     assert "| rows differ: F (p) | — | 400.0 (p < 0.001) |" in md
     assert suite["seed_df"] == 3 and suite["seed_std"] == pytest.approx(0.5 ** 0.5)
     assert "| seed std, pooled (df) | 0.00 (3) | 0.71 (3) |" in md
+    pairs = {(p["better"], p["worse"]): p for p in table["pairs_differ"]["pairs"]}
+    assert all(p["differ"] for p in pairs.values()) and set(pairs) == {
+        ("BERT-style", "Prefix LM"), ("Prefix LM", "Deshuffling"), ("BERT-style", "Deshuffling")}
+    assert "3 pairs differ: BERT-style > Prefix LM (+10.00, Holm p" in md
     one_seed = _fake_sweep(tmp_path / "one", [50.0, 60.0, 40.0])
     table = report.build([_spec()], one_seed, str(tmp_path / "one"), "micro")["tables"]["table3"]
     assert table["rows_differ"]["suite_average"] is None
     md = report.table_markdown("table3", table)
     assert "rows differ" not in md and "Seed std" not in md  # one seed: no ANOVA, no note
+    assert table["pairs_differ"] is None and "Which rows differ" not in md

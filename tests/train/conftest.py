@@ -31,18 +31,18 @@ def sharded_plan(model, optimizer, init_batch, mesh_shape, preset):
     """(mesh, rules, ``train_state.sharded_state``) on the first prod(mesh_shape) devices."""
     import jax
 
-    from t5x_like.train import partitioning as P
-    from t5x_like.train import train_state as TS
+    from t5x_like.train import partitioning, train_state
 
-    mesh = P.create_mesh(mesh_shape, devices=jax.devices()[: math.prod(mesh_shape)])
-    rules = P.logical_axis_rules(preset)
-    return mesh, rules, TS.sharded_state(model, optimizer, init_batch, mesh, rules)
+    mesh = partitioning.create_mesh(mesh_shape, devices=jax.devices()[: math.prod(mesh_shape)])
+    rules = partitioning.logical_axis_rules(preset)
+    return mesh, rules, train_state.sharded_state(model, optimizer, init_batch, mesh, rules)
 
 
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A persistent XLA compilation cache shared by this session's training subprocesses."""
-    return str(tmp_path_factory.mktemp("jax_cache"))
+    """A persistent XLA compilation cache for this session's training subprocesses: the run's
+    shared one (tests/conftest.py), else a fresh one."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path_factory.mktemp("jax_cache"))
 
 
 def subprocess_env(devices: int, compile_cache: str | None = None) -> dict[str, str]:
@@ -50,7 +50,7 @@ def subprocess_env(devices: int, compile_cache: str | None = None) -> dict[str, 
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # t5x_like's own default (t5x_like/tf_setup.py)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # t5x_like's own default (t5x_like/runtime/tf_setup.py)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if compile_cache:
         env["JAX_COMPILATION_CACHE_DIR"] = compile_cache

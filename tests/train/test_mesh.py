@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_like.train import partitioning as P
+from t5x_like.train import partitioning
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ def _processes_along(arr: np.ndarray, axis: int) -> list[set[int]]:
 @pytest.mark.parametrize(("shape", "dcn"), [((2, 4, 1), (2, 1, 1)), ((1, 2, 4), (1, 2, 1)),
                                             ((4, 1, 2), (2, 1, 1)), ((1, 8, 1), (1, 2, 1))])
 def test_default_dcn_keeps_inner_axes_inside_a_host(shape, dcn) -> None:
-    assert P.default_dcn_mesh_shape(shape, 2) == dcn
-    _, granules = P._granules(_hosts(2, 4))
-    arr = P.hybrid_device_layout(shape, dcn, granules)
+    assert partitioning.default_dcn_mesh_shape(shape, 2) == dcn
+    _, granules = partitioning._granules(_hosts(2, 4))
+    arr = partitioning.hybrid_device_layout(shape, dcn, granules)
     assert arr.shape == shape
     assert sorted(d.id for d in arr.flat) == list(range(8))  # every device exactly once
     for axis, d in enumerate(dcn):
@@ -45,15 +45,15 @@ def test_default_dcn_keeps_inner_axes_inside_a_host(shape, dcn) -> None:
 
 def test_explicit_dcn_shape_puts_fsdp_inside_a_host() -> None:
     # 4 hosts x 4 devices, mesh (2, 4, 2), dcn (2, 1, 2): fsdp groups stay within one host.
-    _, granules = P._granules(_hosts(4, 4))
-    arr = P.hybrid_device_layout((2, 4, 2), (2, 1, 2), granules)
+    _, granules = partitioning._granules(_hosts(4, 4))
+    arr = partitioning.hybrid_device_layout((2, 4, 2), (2, 1, 2), granules)
     assert all(len(p) == 1 for p in _processes_along(arr, 1))
     assert all(len(p) == 2 for p in _processes_along(arr, 2))
 
 
 def test_slices_are_the_granules_when_devices_have_slice_index() -> None:
     devs = [FakeDevice(id=i, process_index=i // 2, slice_index=i // 4) for i in range(8)]
-    kind, granules = P._granules(devs)
+    kind, granules = partitioning._granules(devs)
     assert kind == "slice_index"
     assert [[d.slice_index for d in g] for g in granules] == [[0] * 4, [1] * 4]
 
@@ -64,36 +64,36 @@ def test_slices_are_the_granules_when_devices_have_slice_index() -> None:
     ((2, 4, 1), (2, 1), r"needs 3 entries"),
 ])
 def test_bad_dcn_shapes_name_the_numbers(shape, dcn, match) -> None:
-    _, granules = P._granules(_hosts(2, 4))
+    _, granules = partitioning._granules(_hosts(2, 4))
     with pytest.raises(ValueError, match=match):
-        P.hybrid_device_layout(shape, dcn, granules)
+        partitioning.hybrid_device_layout(shape, dcn, granules)
 
 
 def test_unequal_hosts_and_unsplittable_mesh_are_named() -> None:
     devs = _hosts(2, 4)[:-1]
-    _, granules = P._granules(devs)
+    _, granules = partitioning._granules(devs)
     with pytest.raises(ValueError, match=r"host/slice 1 has 3"):
-        P.hybrid_device_layout((1, 2, 4), (1, 2, 1), granules)
+        partitioning.hybrid_device_layout((1, 2, 4), (1, 2, 1), granules)
     with pytest.raises(ValueError, match=r"mesh_shape \(1, 1, 3\) cannot be split over 2"):
-        P.default_dcn_mesh_shape((1, 1, 3), 2)
+        partitioning.default_dcn_mesh_shape((1, 1, 3), 2)
 
 
 def test_create_mesh_one_process_uses_all_devices_and_checks_dcn() -> None:
     devs = jax.devices()
-    mesh = P.create_mesh((-1, 1, 1))
+    mesh = partitioning.create_mesh((-1, 1, 1))
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devs)
-    assert P.create_mesh((-1, 1, 1), dcn_mesh_shape=(1, 1, 1)).devices.size == len(devs)
+    assert partitioning.create_mesh((-1, 1, 1), dcn_mesh_shape=(1, 1, 1)).devices.size == len(devs)
     match = r"spans 2 hosts/slices, have 1" if len(devs) % 2 == 0 else "must divide"
     with pytest.raises(ValueError, match=match):
-        P.create_mesh((-1, 1, 1), dcn_mesh_shape=(2, 1, 1))
+        partitioning.create_mesh((-1, 1, 1), dcn_mesh_shape=(2, 1, 1))
 
 
 _MESH_SCRIPT = """
 import sys, jax
-from t5x_like.train import distributed, partitioning as P
+from t5x_like.train import distributed, partitioning
 distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 for shape, dcn in (((2, 4, 1), None), ((1, 2, 4), None), ((1, 4, 2), (1, 2, 1))):
-    arr = P.create_mesh(shape, dcn_mesh_shape=dcn).devices
+    arr = partitioning.create_mesh(shape, dcn_mesh_shape=dcn).devices
     print("MESH", shape, [d.process_index for d in arr.flat], flush=True)
 """
 

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from t5x_like.models import make_model
-from t5x_like.train import train_state as TS
-from t5x_like.train import train_step as S
+from t5x_like.train import train_state, train_step
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import sharded_plan, tiny_config
 
@@ -30,13 +29,13 @@ def _one_step(batch, mesh_shape, preset):
     opt = create_optimizer("adafactor")
     mesh, rules, plan = sharded_plan(model, opt, model.example_batch(8, SEQ, packed=True),
                                      mesh_shape, preset)
-    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
-    step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
+    state = train_state.create_state(plan, jax.random.key(0), mesh, rules)
+    step = train_step.jit_train_step(train_step.make_train_step(model, opt), plan, mesh, rules)
     losses = []
     state, metrics = step(state, batch, jax.random.key(1))
     losses.append(float(metrics["loss"]))
     losses.append(float(metrics["grad_norm"]))
-    emb = state["params"]["token_embedder"]["embedding"]
+    emb = state.params["token_embedder"]["embedding"]
     return losses, np.asarray(jax.device_get(emb)), emb.sharding.spec
 
 

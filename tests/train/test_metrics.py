@@ -11,8 +11,7 @@ import pytest
 import tensorflow as tf
 
 from t5x_like.models import make_model
-from t5x_like.train import metrics as M
-from t5x_like.train import train_step as S
+from t5x_like.train import metrics, train_step
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import sharded_plan, tiny_config
 
@@ -24,17 +23,17 @@ from tests.train.conftest import sharded_plan, tiny_config
      ("cpu", None)],
 )
 def test_peak_flops_lookup(kind, peak) -> None:
-    assert M.peak_flops_per_device(kind) == peak
+    assert metrics.peak_flops_per_device(kind) == peak
 
 
 def test_mfu_is_none_on_cpu_and_a_ratio_on_known_devices() -> None:
-    assert M.mfu(1e12, 8, "cpu") is None
-    assert M.mfu(989e12 * 4 * 0.4, 4, "NVIDIA H100 80GB HBM3") == pytest.approx(0.4)
+    assert metrics.mfu(1e12, 8, "cpu") is None
+    assert metrics.mfu(989e12 * 4 * 0.4, 4, "NVIDIA H100 80GB HBM3") == pytest.approx(0.4)
 
 
 def test_writer_writes_jsonl_tensorboard_and_progress_line(tmp_path) -> None:
     out = io.StringIO()
-    w = M.MetricsWriter(str(tmp_path), stream=out)
+    w = metrics.MetricsWriter(str(tmp_path), stream=out)
     w.write(10, "train", {"loss": 2.5, "mfu": None})
     w.progress(10, 100, {"loss": 2.5, "learning_rate": 0.01, "examples_per_second": 12.0,
                          "tokens_per_second": 3.2e4, "model_flops_per_second": 5e11, "mfu": None})
@@ -60,7 +59,7 @@ def test_step_flops_match_xla_cost_analysis(family) -> None:
     opt = create_optimizer("adafactor")
     batch = model.example_batch(4, seq)
     mesh, rules, plan = sharded_plan(model, opt, batch, (1, 1, 1), "data_parallel")
-    step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
+    step = train_step.jit_train_step(train_step.make_train_step(model, opt), plan, mesh, rules)
     batch = {k: np.ones(v.shape, np.int32) for k, v in batch.items()}
     # The lowered (pre-optimisation) HLO's cost analysis: same FLOPs, no compile needed.
     cost = step.lower(plan.abstract, batch, jax.random.key(0)).cost_analysis()

@@ -13,7 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from t5x_like.train import metrics as M
+from t5x_like.train import metrics
 from tests.train.conftest import run_train
 
 pytestmark = pytest.mark.slow
@@ -104,11 +104,11 @@ def test_skip_policy_with_lagged_metrics_matches_synchronous_run(tmp_path, compi
 
 
 def test_throughput_rates_and_unmeasurable_interval() -> None:
-    got = M.throughput(steps=4, seconds=2.0, batch_size=8, tokens_per_seq=40,
-                       flops_per_step=1e12, devices=2, device_kind="NVIDIA H100 80GB HBM3")
+    got = metrics.throughput(steps=4, seconds=2.0, batch_size=8, tokens_per_seq=40,
+                             flops_per_step=1e12, devices=2, device_kind="NVIDIA H100 80GB HBM3")
     assert got["steps_per_second"] == 2.0
     assert got["examples_per_second"] == 16.0 and got["tokens_per_second"] == 640.0
     assert got["mfu"] == pytest.approx(2e12 / (2 * 989e12))
-    none = M.throughput(steps=0, seconds=1.0, batch_size=8, tokens_per_seq=40,
-                        flops_per_step=1e12, devices=1, device_kind="cpu")
+    none = metrics.throughput(steps=0, seconds=1.0, batch_size=8, tokens_per_seq=40,
+                              flops_per_step=1e12, devices=1, device_kind="cpu")
     assert set(none) == set(got) and all(v is None for v in none.values())

@@ -9,8 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_like.train import train_state as TS
-from t5x_like.train import train_step as S
+from t5x_like.train import train_state, train_step
 from t5x_like.train.optimizers import (
     create_optimizer,
     rsqrt_schedule,
@@ -80,11 +79,11 @@ def test_gradient_accumulation_equals_full_batch_update() -> None:
     assert len({int(batch["decoder_loss_weights"][i::4].sum()) for i in range(4)}) > 1
     out = []
     for n in (1, 4):
-        state = TS.create_state(plan, jax.random.key(0), mesh, rules)
-        step = S.jit_train_step(S.make_train_step(model, opt, num_microbatches=n), plan, mesh,
-                                rules)
+        state = train_state.create_state(plan, jax.random.key(0), mesh, rules)
+        step = train_step.jit_train_step(
+            train_step.make_train_step(model, opt, num_microbatches=n), plan, mesh, rules)
         state, m = step(state, batch, jax.random.key(1))
-        out.append((jax.device_get(state["params"]), {k: float(v) for k, v in m.items()}))
+        out.append((jax.device_get(state.params), {k: float(v) for k, v in m.items()}))
     (p1, m1), (p4, m4) = out
     for key in ("loss", "grad_norm", "accuracy", "num_tokens"):
         assert m1[key] == pytest.approx(m4[key], rel=1e-5), key
@@ -95,14 +94,15 @@ def test_skip_policy_keeps_params_on_nonfinite_loss() -> None:
     model, opt = ToyModel(), create_optimizer("adamw", schedule=lambda s: 1e-2)
     mesh, rules, plan = sharded_plan(model, opt, model.example_batch(1, {"targets": 8}),
                                      (1, 1, 1), "data_parallel")
-    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
-    before = jax.device_get(state["params"])
-    state["params"]["scale"] = state["params"]["scale"] * jnp.nan
-    bad = jax.device_get(state["params"])
-    step = S.jit_train_step(S.make_train_step(model, opt, on_nonfinite="skip"), plan, mesh, rules)
+    state = train_state.create_state(plan, jax.random.key(0), mesh, rules)
+    before = jax.device_get(state.params)
+    state = state.replace(params={**state.params, "scale": state.params["scale"] * jnp.nan})
+    bad = jax.device_get(state.params)
+    step = train_step.jit_train_step(
+        train_step.make_train_step(model, opt, on_nonfinite="skip"), plan, mesh, rules)
     state, m = step(state, toy_batch(jax.random.key(1)), jax.random.key(1))
-    assert float(m["finite"]) == 0.0 and int(state["step"]) == 1
-    np.testing.assert_array_equal(jax.device_get(state["params"])["wi"], bad["wi"])
+    assert float(m["finite"]) == 0.0 and int(state.step) == 1
+    np.testing.assert_array_equal(jax.device_get(state.params)["wi"], bad["wi"])
     np.testing.assert_array_equal(bad["wi"], before["wi"])
     with pytest.raises(ValueError, match="on_nonfinite"):
-        S.make_train_step(model, opt, on_nonfinite="ignore")
+        train_step.make_train_step(model, opt, on_nonfinite="ignore")

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from t5x_like.train import partitioning as P
-from t5x_like.train import train_state as TS
-from t5x_like.train import train_step as S
+from t5x_like.train import partitioning, train_state, train_step
 from t5x_like.train.optimizers import create_optimizer, rsqrt_schedule
 from tests.train.conftest import sharded_plan
 from tests.train.toy import ToyModel, toy_batch
@@ -22,25 +20,26 @@ MESHES = [
 
 
 def test_resolve_mesh_shape_fills_minus_one_and_checks_product() -> None:
-    assert P.resolve_mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
-    assert P.resolve_mesh_shape((1, -1, 4), 8) == (1, 2, 4)
+    assert partitioning.resolve_mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
+    assert partitioning.resolve_mesh_shape((1, -1, 4), 8) == (1, 2, 4)
     with pytest.raises(ValueError, match="uses 4 devices"):
-        P.resolve_mesh_shape((2, 2, 1), 8)
+        partitioning.resolve_mesh_shape((2, 2, 1), 8)
     with pytest.raises(ValueError, match="at most one -1"):
-        P.resolve_mesh_shape((-1, -1, 1), 8)
+        partitioning.resolve_mesh_shape((-1, -1, 1), 8)
 
 
 def test_rules_map_logical_names_and_drop_indivisible_axes() -> None:
-    mesh = P.create_mesh((2, 2, 2))
-    tp = P.logical_axis_rules("tensor_parallel_2d")
-    assert P.mesh_spec(("embed", "mlp"), (16, 32), mesh, tp) == PartitionSpec("fsdp", "model")
-    assert P.mesh_spec(("embed", "mlp"), (15, 32), mesh, tp) == PartitionSpec(None, "model")
-    fsdp = P.logical_axis_rules("fsdp")
+    mesh = partitioning.create_mesh((2, 2, 2))
+    tp = partitioning.logical_axis_rules("tensor_parallel_2d")
+    spec = partitioning.mesh_spec
+    assert spec(("embed", "mlp"), (16, 32), mesh, tp) == PartitionSpec("fsdp", "model")
+    assert spec(("embed", "mlp"), (15, 32), mesh, tp) == PartitionSpec(None, "model")
+    fsdp = partitioning.logical_axis_rules("fsdp")
     # embed takes fsdp first; mlp falls back to unsharded in the same array.
-    assert P.mesh_spec(("embed", "mlp"), (16, 32), mesh, fsdp) == PartitionSpec("fsdp", None)
-    assert P.batch_sharding(mesh, fsdp).spec == PartitionSpec(("data", "fsdp"), None)
+    assert spec(("embed", "mlp"), (16, 32), mesh, fsdp) == PartitionSpec("fsdp", None)
+    assert partitioning.batch_sharding(mesh, fsdp).spec == PartitionSpec(("data", "fsdp"), None)
     with pytest.raises(ValueError, match="preset"):
-        P.logical_axis_rules("zero9")
+        partitioning.logical_axis_rules("zero9")
 
 
 def _plan(mesh_shape, preset, optimizer=None):
@@ -54,24 +53,24 @@ def _plan(mesh_shape, preset, optimizer=None):
 def test_state_is_created_sharded_and_optimizer_state_follows_params() -> None:
     opt = create_optimizer("adafactor", schedule=rsqrt_schedule(1.0, 10))
     _, opt, mesh, rules, plan = _plan((1, 8, 1), "fsdp", opt)
-    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
-    emb = state["params"]["embedding"]
+    state = train_state.create_state(plan, jax.random.key(0), mesh, rules)
+    emb = state.params["embedding"]
     assert emb.sharding.spec == PartitionSpec(None, "fsdp")
     # Each device holds 1/8 of the embedding: no full copy anywhere.
     assert {s.data.shape for s in emb.addressable_shards} == {(64, 2)}
-    shardings = jax.tree.leaves(plan.shardings["opt_state"])
+    shardings = jax.tree.leaves(plan.shardings.opt_state)
     assert any("fsdp" in str(s.spec) for s in shardings)
 
 
 def _two_steps(batch, shape, preset):
     model, opt, mesh, rules, plan = _plan(shape, preset)
-    state = TS.create_state(plan, jax.random.key(0), mesh, rules)
-    step = S.jit_train_step(S.make_train_step(model, opt), plan, mesh, rules)
+    state = train_state.create_state(plan, jax.random.key(0), mesh, rules)
+    step = train_step.jit_train_step(train_step.make_train_step(model, opt), plan, mesh, rules)
     losses = []
     for _ in range(2):
         state, m = step(state, batch, jax.random.key(2))
         losses.append(float(m["loss"]))
-    return losses, jax.device_get(state["params"])
+    return losses, jax.device_get(state.params)
 
 
 @pytest.fixture(scope="module")

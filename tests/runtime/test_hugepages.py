@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from t5x_like import hugepages
+from t5x_like.runtime import hugepages
 
 
 def test_hugepage_env_adds_the_tunable_only_where_it_helps():
@@ -38,7 +38,7 @@ def _child_env(**extra: str) -> dict[str, str]:
 
 
 def test_reexec_sets_the_tunable_once_and_keeps_the_command():
-    code = ("import os, sys; from t5x_like.hugepages import reexec_with_hugepages; "
+    code = ("import os, sys; from t5x_like.runtime.hugepages import reexec_with_hugepages; "
             "print('start', flush=True); reexec_with_hugepages(); "
             "print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])")
     out = subprocess.run([sys.executable, "-c", code, "--flag=1"], env=_child_env(),

@@ -1,4 +1,4 @@
-"""t5x_like.tf_setup: TensorFlow's start-up chatter is dropped, and nothing else is."""
+"""t5x_like.runtime.tf_setup: TensorFlow's start-up chatter is dropped, and nothing else is."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from t5x_like import tf_setup
+from t5x_like.runtime import tf_setup
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Lines as TensorFlow 2.x prints them on import (the oneDNN one on CPUs with AVX-512).
 START_UP = [
