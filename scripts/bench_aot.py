@@ -306,8 +306,8 @@ NOTES = """
   keeps these (the planner matched it, `tests/test_plan.py`), XLA:TPU recomputes every
   elementwise chain inside the backward fusions and stores only its roots (matmul /
   reduction / gather outputs). The default estimate counts those roots
-  (`plan._fusion_roots_*`, `plan(..., compiler='accelerator')`); the every-residual model was
-  2.3-2.7x XLA:TPU's peak. Parameters and
+  (`plan.activations._fusion_roots_*`, `plan(..., compiler='accelerator')`); the
+  every-residual model was 2.3-2.7x XLA:TPU's peak. Parameters and
   optimizer state are exact (0.9995-1.0001), FLOPs within 2% (0.981-0.987).
 - **XLA:GPU, deviceless (jax 0.10.2): cuBLAS GEMMs by default.** With Triton GEMMs the T5
   train steps do not compile deviceless: `Couldn't find output tile sizes that satisfy hlo`
@@ -337,7 +337,7 @@ NOTES = """
 - **Two fusion plans.** Deciding over all residuals at once stores a softmax's score matrix
   once, but over-counts residual-stream chains (under full remat it stored both layer outputs
   of every layer instead of their sum); visiting residuals in program order does the
-  opposite. The planner takes the cheaper of the two per config (`plan._FUSION_PLANS`).
+  opposite. The planner takes the cheaper of the two per config (`plan.activations._FUSION_PLANS`).
 - XLA:GPU's compile-only executables return no `cost_analysis` (no FLOPs column for GPU).
 - **Planner, where XLA:TPU's peak is (fixed).** The buffer-assignment dumps of T5-small on
   v5e-16 (`python -m t5x_like.aot ... --xla_option=xla_dump_to=DIR`: `*-live-range.txt`,
@@ -354,7 +354,7 @@ NOTES = """
   residual-stream copies of data parallel: a norm's `x * rsqrt(var) * scale` reads the
   all-gathered `scale` (an all-reduce output), and XLA does not recompute a chain through a
   collective's output inside the backward fusion, it stores it. The planner now stores such
-  chains when the weights are split over `fsdp` (`plan._fusion_roots_*(..., gathered)`):
+  chains when the weights are split over `fsdp` (`plan.activations._fusion_roots_*(..., gathered)`):
   `fsdp` on v5e-16 T5-small 0.68x -> 0.87x, T5-base 0.735x -> 0.87x. With a `model` axis as
   well (`fsdp_tp`) the dumps show XLA recomputing the norm outputs again (only the norm inputs
   are stored, T5-small and T5-base alike), so the rule is for pure FSDP. The rest of the FSDP

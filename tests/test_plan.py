@@ -1,4 +1,4 @@
-"""The planner (t5x_like/plan.py) against XLA's own buffer assignment, at scale, and its CLI."""
+"""The planner (t5x_like/plan/) against XLA's own buffer assignment, at scale, and its CLI."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import plan
 from t5x_like.models import TransformerConfig, make_model
+from t5x_like.plan import activations
 from t5x_like.train import partitioning, train_state, train_step
 from t5x_like.train.optimizers import create_optimizer
 from tests.train.conftest import REPO
@@ -114,14 +115,14 @@ def test_fusion_roots_store_a_softmax_once_and_recompute_masks() -> None:
             jax.ShapeDtypeStruct((256,), jnp.int32))
 
     jaxpr, residuals = _vjp_residuals(f, args)
-    nbytes = lambda vs: sum(plan._nbytes(v.aval) for v in vs)  # noqa: SLF001
-    roots = plan._fusion_roots_shared(jaxpr, residuals)  # noqa: SLF001
+    nbytes = lambda vs: sum(activations._nbytes(v.aval) for v in vs)  # noqa: SLF001
+    roots = activations._fusion_roots_shared(jaxpr, residuals)  # noqa: SLF001
     square = 256 * 256 * 4  # one f32 [256, 256]
     assert nbytes(residuals) >= 2 * square  # the jaxpr keeps several [256, 256] arrays
     assert square <= nbytes(roots) < 1.2 * square  # the scores once, plus row statistics
 
 
-@pytest.mark.parametrize("plan_name", sorted(plan._FUSION_PLANS))  # noqa: SLF001
+@pytest.mark.parametrize("plan_name", sorted(activations._FUSION_PLANS))  # noqa: SLF001
 def test_a_chain_through_a_gathered_weight_is_stored(plan_name) -> None:
     """A norm's ``x * rsqrt(mean(x^2)) * scale`` saved for the next matmul's backward: from a
     replicated ``scale`` it is recomputed (x is an input); from an all-gathered one (FSDP)
@@ -137,7 +138,7 @@ def test_a_chain_through_a_gathered_weight_is_stored(plan_name) -> None:
             jax.ShapeDtypeStruct((512, 256), jnp.float32))
 
     jaxpr, residuals = _vjp_residuals(f, args)
-    roots = plan._FUSION_PLANS[plan_name]  # noqa: SLF001
+    roots = activations._FUSION_PLANS[plan_name]  # noqa: SLF001
     replicated = [v.aval.shape for v in roots(jaxpr, residuals)]
     gathered = [v.aval.shape for v in roots(jaxpr, residuals, {id(jaxpr.invars[0])})]
     assert replicated.count((512, 256)) == 1, replicated  # the matmul output (tanh's input)
@@ -181,7 +182,7 @@ def test_fsdp_stores_what_data_parallel_recomputes() -> None:
     for mesh, preset in (((1, 1, 8), "tensor_parallel"), ((1, 2, 4), "tensor_parallel_2d")):
         tp = plan.plan(cfg, mesh_shape=mesh, preset=preset, **kw)
         b = tp["bytes_per_device"]
-        ungathered = plan.activation_bytes(
+        ungathered = activations.activation_bytes(
             cfg, per_device_batch=tp["per_device_batch"], sequence_length=LENGTHS,
             model_axis=mesh[2], tp=True, param_ratio=b["params"] / tp["global_bytes"]["params"],
             gathered=False)
@@ -194,7 +195,7 @@ def test_tensor_parallel_splits_heads_even_when_they_join_to_d_model() -> None:
     fractions = []
     for head_dim in (16, 18):  # 4 x 16 == emb_dim 64; 4 x 18 == 72
         cfg = TransformerConfig(**{**TINY, "head_dim": head_dim})
-        acts = [plan.activation_bytes(cfg, per_device_batch=8, sequence_length=LENGTHS,
+        acts = [activations.activation_bytes(cfg, per_device_batch=8, sequence_length=LENGTHS,
                                       model_axis=m, tp=True)["none"] for m in (1, 4)]
         fractions.append(acts[1] / acts[0])
     assert fractions[0] == pytest.approx(fractions[1], rel=0.03), fractions

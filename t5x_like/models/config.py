@@ -117,7 +117,8 @@ class TransformerConfig:
     def layer_stacks(self) -> dict[str, int]:
         """Stacks of identical layers whose depths change independently -> their depth:
         'decoder' (+ 'encoder' for an encoder-decoder), or one 'shared' stack when encoder and
-        decoder share their layers. `plan.py` traces 1-2 layers per stack and extrapolates."""
+        decoder share their layers. `plan/activations.py` traces 1-2 layers per stack and
+        extrapolates."""
         if self.shares_layers:
             return {"shared": self.num_decoder_layers}
         stacks = {"decoder": self.num_decoder_layers}
