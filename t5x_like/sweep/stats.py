@@ -132,14 +132,11 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.where((nx > 0) & (ny > 0), concordance / np.sqrt(nx * ny), np.nan)
 
 
-def row_replicates(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
-                   tasks: Sequence[str], replicates: int = DEFAULT_REPLICATES,
-                   seed: int = 0) -> dict[str, np.ndarray]:
-    """row -> [replicates] bootstrap samples of its score (mean over seeds of the suite
-    average over `tasks`). `rows[row]` = one {task: predictions} per seed; every seed of every
-    row must hold the same test examples per task (same count)."""
-    rng = np.random.default_rng(seed)
-    sizes = {}
+def _example_counts(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
+                    tasks: Sequence[str]) -> dict[str, int]:
+    """task -> its number of test examples, which every seed of every row must share (a row
+    with no finished seed, or another count, is an error naming it)."""
+    sizes: dict[str, int] = {}
     for row, seeds in rows.items():
         if not seeds:
             raise ValueError(f"row {row!r} has no finished seed")
@@ -149,6 +146,17 @@ def row_replicates(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
                 if sizes.setdefault(task, n) != n:
                     raise ValueError(f"task {task}: {n} test examples in row {row!r}, "
                                      f"{sizes[task]} elsewhere")
+    return sizes
+
+
+def row_replicates(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
+                   tasks: Sequence[str], replicates: int = DEFAULT_REPLICATES,
+                   seed: int = 0) -> dict[str, np.ndarray]:
+    """row -> [replicates] bootstrap samples of its score (mean over seeds of the suite
+    average over `tasks`). `rows[row]` = one {task: predictions} per seed; every seed of every
+    row must hold the same test examples per task (same count)."""
+    rng = np.random.default_rng(seed)
+    sizes = _example_counts(rows, tasks)
     examples = {t: rng.integers(0, sizes[t], size=(replicates, sizes[t])) for t in tasks}
     out = {}
     for row, seeds in rows.items():
@@ -237,18 +245,11 @@ def table_data(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
                tasks: Sequence[str]) -> TableData:
     """`rows[row]` = one {task: predictions} per seed; every seed of every row must hold the
     same test examples per task (same count)."""
-    sizes: dict[str, int] = {}
+    sizes = _example_counts(rows, tasks)
     points, deviations, squares = {}, {}, {}
     for row, seeds in rows.items():
-        if not seeds:
-            raise ValueError(f"row {row!r} has no finished seed")
         points[row], deviations[row], squares[row] = [], [], []
         for per_task in seeds:
-            for task in tasks:
-                n = len(per_task[task].targets)
-                if sizes.setdefault(task, n) != n:
-                    raise ValueError(f"task {task}: {n} test examples in row {row!r}, "
-                                     f"{sizes[task]} elsewhere")
             found = {t: _jackknife(per_task[t]) for t in tasks}
             points[row].append(math.fsum(found[t][0] for t in tasks) / len(tasks))
             devs = {t: found[t][1] for t in tasks}
