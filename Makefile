@@ -40,10 +40,12 @@ lint: $(VENV)/.test-installed
 	$(PY) -m ruff check t5x_like scripts tests notebooks
 
 # One pytest worker per core (at most 4; TEST_WORKERS=0 runs in-process), each taking whole test
-# files so module/session fixtures (a trained tiny model, compiled steps) are built once per worker.
+# files so module/session fixtures (a trained tiny model, compiled steps) are built once per worker,
+# in collection order (costliest first: tests/conftest.py), not xdist's default most-tests-first.
 TEST_WORKERS ?= auto
 test: $(VENV)/.test-installed lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder \
+		$(PYTEST_ARGS)
 
 # Compiles every flash-attention kernel for sm_80 and sm_90 with the real GPU compiler (no GPU):
 # fails when one stops compiling, spills registers or loses its pipelined loads.

@@ -3,30 +3,15 @@
 `python -m t5x_like.evaluate --checkpoint=PRETRAIN_MODEL_DIR --out_dir=DIR [--tasks=a,b]
 [--finetune_steps=N] [--multitask] [--gin_file ... --gin.K=V]`
 
-The checkpoint's vocabulary is checked against its embedding before anything runs (as `infer`
-and `train` do). `--finetune_steps=0` evaluates the checkpoint as it is (zero-shot, nothing is
-fine-tuned: the test splits are scored with the task lengths and the user's gin bindings, the
-`--gin_file`s are not read).
-SIGTERM / Ctrl-C during a fine-tune saves it and exits 0 like `train` (re-running the same
-command resumes it); elsewhere it exits 128 + the signal number, keeping finished fine-tunes.
-
-For each task of `downstream.SUITE` (or `--tasks`), the trainer runs in-process with gin =
-the checkpoint's `config.gin` + `gin/runs/finetune.gin` (+ `--gin_file`s) and the bindings
-`SMALL_SCALE_BINDINGS`, then `train.init_params_path/task/sequence_length/model_dir/
-num_train_steps/vocabulary` and finally the user's bindings (later bindings win). Fine-tunes
-live in `DIR/finetune/<task>/` (with `--multitask`: one run on `downstream.MIXTURE` in
-`DIR/finetune/downstream_mixture/`, shared by all tasks) and are resumable: a run whose
-checkpoint has reached `num_train_steps` is not retrained. Each task's test split is then
-predicted and scored: classification tasks by rank classification (default, as T5X's
-`rank_classification`: the label whose text has the highest log-likelihood given the input,
-so every prediction is a valid label even for a briefly fine-tuned small model) or, with
-`--classification=decode`, by greedy decoding as in the T5 paper; generation tasks always by
-greedy decoding (`max_decode_length` = the task's target length). Outputs:
-`DIR/results.json` (DESIGN.md schema), `DIR/results.md` (a T5-paper-style one-row table with
-a "suite average" column, plus the majority-class baseline row) and `DIR/predictions/<task>.jsonl`.
-
-Defaults are sized for a 2-core CPU (finetune.gin's paper settings are 2^18 steps at batch
-128): `DEFAULT_FINETUNE_STEPS` steps at batch 16, one checkpoint at the end, no periodic eval.
+For each task of `downstream.SUITE` (or `--tasks`) the trainer fine-tunes the checkpoint
+in-process (gin = its `config.gin` + `gin/runs/finetune.gin` + `--gin_file`s, then
+`SMALL_SCALE_BINDINGS`, the run's own bindings and the user's, later ones winning; with
+`--multitask` once on `downstream.MIXTURE`), resumably in `DIR/finetune/<run>/`; then each test
+split is predicted (classification: rank classification by default, or greedy decoding;
+generation: greedy decoding) and scored into `DIR/results.json`, `DIR/results.md` and
+`DIR/predictions/<task>.jsonl`. `--finetune_steps=0` scores the checkpoint as it is. Defaults
+are sized for a 2-core CPU (finetune.gin's paper settings are 2^18 steps at batch 128).
+Flags, outputs, signals and exit codes: docs/inference.md (downstream evaluation).
 """
 
 from __future__ import annotations
@@ -49,18 +34,14 @@ import gin
 import numpy as np
 
 from t5x_like import flags, gin_utils, infer
-from t5x_like.train.checkpoints import CheckpointUnreadableError
+from t5x_like.train.checkpoints import CheckpointSaveError, CheckpointUnreadableError
 
 DEFAULT_FINETUNE_STEPS = 200
 CLASSIFICATION_MODES = ("rank", "decode")
 FINETUNE_GIN = "gin/runs/finetune.gin"
 #: Small-scale defaults layered over finetune.gin (user bindings come later and win).
-SMALL_SCALE_BINDINGS = (
-    "train.batch_size = 16",
-    "train.eval_every = 0",
-    "train.log_every = 50",
-    "train.keep_checkpoints = 1",
-)
+SMALL_SCALE_BINDINGS = ("train.batch_size = 16", "train.eval_every = 0", "train.log_every = 50",
+                        "train.keep_checkpoints = 1")
 
 
 def _downstream() -> Any:
@@ -69,36 +50,21 @@ def _downstream() -> Any:
     return downstream
 
 
-def finetune_bindings(checkpoint: str, task: str, sequence_length: dict[str, int],
-                      model_dir: str, steps: int, vocabulary: str) -> list[str]:
-    """The gin bindings of one fine-tune (before the user's own)."""
-    lengths = {k: int(v) for k, v in sequence_length.items()}
-    return [
-        *SMALL_SCALE_BINDINGS,
-        f"train.checkpoint_every = {steps}",
-        f"train.init_params_path = {checkpoint!r}",
-        f"train.task = {task!r}",
-        f"train.sequence_length = {lengths!r}",
-        f"train.model_dir = {model_dir!r}",
-        f"train.num_train_steps = {steps}",
-        f"train.vocabulary = {vocabulary!r}",
-    ]
-
-
 def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[str, int],
-             model_dir: str, steps: int, *, gin_files: Sequence[str] = (),
-             gin_bindings: Sequence[str] = (), vocabulary: str | None = None) -> dict[str, Any]:
+             model_dir: str, steps: int, *, vocabulary: str, gin_files: Sequence[str] = (),
+             gin_bindings: Sequence[str] = ()) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one fine-tune; returns a summary dict.
 
     `checkpoint`: the init params path (model dir or step dir); `config_dir`: the model dir
-    whose `config.gin` is the base config; `vocabulary`: its checked vocabulary (default: read
-    and checked by `checkpoint_vocabulary`). Raises trainer.Preempted (saved) on SIGTERM.
+    whose `config.gin` is the base config; `vocabulary`: its checked vocabulary. Raises
+    Interrupted when SIGTERM / Ctrl-C stopped it (the trainer saved it).
     """
-    if vocabulary is None:
-        vocabulary = checkpoint_vocabulary(config_dir, converted=not infer.checkpoint_steps(
-            config_dir), gin_bindings=gin_bindings)
-    bindings = [*finetune_bindings(checkpoint, task, sequence_length, model_dir, steps,
-                                   vocabulary), *gin_bindings]
+    lengths = {k: int(v) for k, v in sequence_length.items()}
+    bindings = [*SMALL_SCALE_BINDINGS, f"train.checkpoint_every = {steps}",
+                f"train.init_params_path = {checkpoint!r}", f"train.task = {task!r}",
+                f"train.sequence_length = {lengths!r}", f"train.model_dir = {model_dir!r}",
+                f"train.num_train_steps = {steps}", f"train.vocabulary = {vocabulary!r}",
+                *gin_bindings]
     done = infer.checkpoint_steps(model_dir)
     summary = {"task": task, "model_dir": model_dir, "trained": False}
     if done and done[-1] >= steps:
@@ -114,7 +80,13 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     if missing:
         raise gin_utils.ConfigError(
             f"missing required gin binding: {trainer.MissingBindingError(missing)}")
-    last = trainer.train()
+    try:
+        last = trainer.train()
+    except trainer.Preempted:  # (gin re-raises it without its step: read the checkpoint's)
+        saved = infer.checkpoint_steps(model_dir)
+        at = f"step {saved[-1]} of {steps}" if saved else "its start"
+        raise Interrupted(f"the fine-tune on {task} stopped at {at} (saved in {model_dir})"
+                          ) from None
     summary.update(trained=True, seconds=round(time.perf_counter() - start, 1),
                    final_loss=last.get("loss"), step=infer.checkpoint_steps(model_dir)[-1])
     return summary
@@ -124,7 +96,7 @@ def checkpoint_vocabulary(model_dir: str, *, converted: bool,
                           gin_bindings: Sequence[str] = ()) -> str:
     """The vocabulary fine-tuning and scoring use: `train.vocabulary` of the model dir's
     `config.gin`, or of the user's `gin_bindings` when they bind it (finetune.gin's is
-    overridden by `finetune_bindings`), checked against the model's embedding
+    overridden by `finetune`'s), checked against the model's embedding
     (`infer.model_vocabulary`: InferenceError naming both sizes); returns its name."""
     bindings = infer.parse_model_config(model_dir, (), gin_bindings)
     if "model" not in bindings:
@@ -221,22 +193,6 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _finetune_run(init_path: str, model_dir: str, task: str, lengths: dict[str, int],
-                  ft_dir: str, steps: int, gin_files: Sequence[str],
-                  gin_bindings: Sequence[str], vocabulary: str) -> dict[str, Any]:
-    """`finetune`, with trainer.Preempted (the fine-tune was saved) as `Interrupted`."""
-    from t5x_like.train import trainer
-
-    try:
-        return finetune(init_path, model_dir, task, lengths, ft_dir, steps,
-                        gin_files=gin_files, gin_bindings=gin_bindings, vocabulary=vocabulary)
-    except trainer.Preempted:  # (gin re-raises it without its step: read the checkpoint's)
-        saved = infer.checkpoint_steps(ft_dir)
-        at = f"step {saved[-1]} of {steps}" if saved else "its start"
-        raise Interrupted(f"the fine-tune on {task} stopped at {at} (saved in {ft_dir})"
-                          ) from None
-
-
 def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] | None = None,
                         finetune_steps: int | None = None, multitask: bool = False,
                         classification: str = "rank", gin_files: Sequence[str] = (),
@@ -257,20 +213,20 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
                                        gin_bindings=gin_bindings)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     start = time.perf_counter()
-    runs: list[tuple[str, list[str], dict[str, int]]] = []
     if multitask:
         lengths = {k: max(ds.get_spec(t).sequence_length[k] for t in tasks)
                    for k in ("inputs", "targets")}
-        runs.append((ds.MIXTURE, tasks, lengths))
+        runs = [(ds.MIXTURE, tasks, lengths)]
     else:
-        runs.extend((t, [t], dict(ds.get_spec(t).sequence_length)) for t in tasks)
+        runs = [(t, [t], dict(ds.get_spec(t).sequence_length)) for t in tasks]
     entries: dict[str, Any] = {}
     summaries = []
     for run_task, scored, lengths in runs:
         if steps:
             ft_dir = os.path.join(out_dir, "finetune", run_task)
-            summaries.append(_finetune_run(init_path, model_dir, run_task, lengths, ft_dir,
-                                           steps, gin_files, gin_bindings, vocabulary))
+            summaries.append(finetune(init_path, model_dir, run_task, lengths, ft_dir, steps,
+                                      gin_files=gin_files, gin_bindings=gin_bindings,
+                                      vocabulary=vocabulary))
             predictor = infer.load_predictor(ft_dir)
         else:  # zero-shot: the checkpoint itself, truncating as a fine-tune on the task would
             predictor = infer.load_predictor(init_path, gin_bindings=[
@@ -337,7 +293,6 @@ def main(argv: Sequence[str]) -> int:
     dir another run holds; 3 = a non-finite fine-tuning loss; 5 = a write failed; 0 after
     SIGTERM / Ctrl-C saved a fine-tune (as `train`)."""
     args, gin_flags = gin_utils.parse_flags(build_parser(), argv)
-    from t5x_like.train.checkpoints import CheckpointSaveError
     from t5x_like.train.model_dir_lock import ModelDirBusyError
     from t5x_like.train.trainer import NonFiniteLossError
 

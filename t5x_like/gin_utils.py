@@ -88,13 +88,11 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
         gin.add_config_file_search_path(path)
     resolved = []
     for f in files:
-        if not os.path.exists(f):
-            found = [os.path.join(p, f) for p in [*paths, REPO_ROOT] if
-                     os.path.exists(os.path.join(p, f))]
-            if not found:
-                raise ConfigError(f"gin file not found: {f}")
-            f = found[0]
-        resolved.append(f)
+        found = next((c for c in [f, *(os.path.join(p, f) for p in [*paths, REPO_ROOT])]
+                      if os.path.exists(c)), None)
+        if found is None:
+            raise ConfigError(f"gin file not found: {f}")
+        resolved.append(found)
     try:
         with quiet_gin_search():
             gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
@@ -153,17 +151,16 @@ def gin_error_hint(message: str) -> str:
     if token:
         return f"\n  hint: gin strings need quotes: '{token.group(1)}'"
     found = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", message)
+    unknown = re.search(r"No configurable matching '([\w.]+)'", message)
     configurables = _configurables()
+    hint = ""
     if found:
         name, param = found.groups()
         configurable = configurables.get(name.rsplit(".", 1)[-1])
         hint = _did_you_mean(param, _parameters(configurable)) if configurable else ""
-        return f"\n  hint:{hint}" if hint else ""
-    found = re.search(r"No configurable matching '([\w.]+)'", message)
-    if found:
-        hint = _did_you_mean(found.group(1).rsplit(".", 1)[-1], sorted(configurables))
-        return f"\n  hint:{hint}" if hint else ""
-    return ""
+    elif unknown:
+        hint = _did_you_mean(unknown.group(1).rsplit(".", 1)[-1], sorted(configurables))
+    return f"\n  hint:{hint}" if hint else ""
 
 
 def error_message(err: BaseException) -> str:

@@ -8,16 +8,11 @@ Library (DESIGN.md "Inference and evaluation"):
     score(predictor, ['question'], ['answer']) -> [log-likelihood]
     rank(predictor, ['an email ...'], ['ham', 'spam']) -> [N, 2] log-likelihoods
 
-Prompts are built exactly as the feature converters build training examples (the model lays
-them out: `model.prompt_batch`, `rank_batch`, `score_batch`):
-- encoder-decoder: encoder input = input tokens + EOS (truncated to the training input length
-  `train.sequence_length['inputs']`, EOS kept); the decoder starts from BOS (0), or from
-  BOS + a forced decoder prompt (`decoder_prompts`: text whose tokens are prefilled; the outputs
-  hold the continuation only).
-- decoder-only / prefix LM trained on a task with inputs: prompt = BOS + input tokens + EOS
-  (prefix LM: attended bidirectionally, as `decoder_causal_attention` is in training), then the
-  forced decoder prompt tokens if any (causal). For a targets-only LM the prompt is BOS + the
-  text's tokens without EOS (a continuation).
+Prompts are built exactly as the feature converters build training examples; the model lays
+them out (`model.prompt_batch`, `rank_batch`, `score_batch`). Inputs are cut to the training
+input length `train.sequence_length['inputs']` and end with EOS (kept when cut) unless the
+model is a targets-only LM, whose prompt is a text to continue; `decoder_prompts` are texts
+whose tokens are prefilled after the input (the outputs hold the continuation only).
 Every batch is padded to one shape (`batch_size` rows, or fewer rounded up to the mesh's batch
 shards when there are fewer inputs), so one compilation serves a whole call.
 
@@ -318,10 +313,12 @@ def _detokenize(predictor: Predictor, ids: np.ndarray) -> str:
     return str(predictor.vocabulary.decode([i for i in ids if i != PAD_ID]))
 
 
-def _batches(n: int, batch_size: int, shards: int) -> tuple[int, list[range]]:
-    """Rows per padded batch (a multiple of `shards`) and the index ranges of each batch."""
+def _batches(predictor: Predictor, n: int, batch_size: int) -> tuple[int, list[range]]:
+    """Rows per padded batch (a multiple of the mesh's batch shards) and the index ranges of
+    each batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
+    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
     rows = math.ceil(min(batch_size, max(n, 1)) / shards) * shards
     return rows, [range(s, min(s + rows, n)) for s in range(0, n, rows)]
 
@@ -353,14 +350,12 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
     if max_decode_length is not None and max_decode_length < 1:
         raise ValueError(f"max_decode_length={max_decode_length} must be >= 1")
     options = dict(decode_options)
-    if method == "sample":
-        options["num_decodes"] = num_decodes
-    elif method == "beam":
+    if method == "beam":
         options["num_beams"] = max(options.get("num_beams", 4), num_decodes)
+    if method in ("sample", "beam"):
         options["num_decodes"] = num_decodes
     length = predictor.target_length if max_decode_length is None else max_decode_length
-    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
-    rows, chunks = _batches(len(inputs), batch_size, shards)
+    rows, chunks = _batches(predictor, len(inputs), batch_size)
     rng = jax.random.key(seed)
     results: list[dict[str, Any]] = []
     for b, chunk in enumerate(chunks):
@@ -381,16 +376,6 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
     return results
 
 
-def _score_batch(predictor: Predictor, inputs: Sequence[str],
-                 targets: Sequence[str]) -> dict[str, np.ndarray]:
-    """A teacher-forced batch as the feature converters build it (unpacked)."""
-    lt = predictor.target_length
-    tgt = [_tokens(predictor, t, lt, True, "target") for t in targets]
-    return predictor.model.score_batch(_input_ids(predictor, inputs), tgt,
-                                       input_length=predictor.input_length, target_length=lt,
-                                       has_inputs=predictor.has_inputs)
-
-
 _SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
 
 
@@ -399,15 +384,16 @@ def score(predictor: Predictor, inputs: Sequence[str], targets: Sequence[str], *
     """Log-likelihood (nats) of each target (+ EOS) given its input, via `model.score`."""
     if len(inputs) != len(targets):
         raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
-    if predictor.model not in _SCORE_FNS:
-        _SCORE_FNS[predictor.model] = jax.jit(predictor.model.score)
-    fn = _SCORE_FNS[predictor.model]
-    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
-    rows, chunks = _batches(len(inputs), batch_size, shards)
+    fn = _SCORE_FNS.setdefault(predictor.model, jax.jit(predictor.model.score))
+    rows, chunks = _batches(predictor, len(inputs), batch_size)
     out: list[float] = []
+    lt = predictor.target_length
     for chunk in chunks:
-        batch = _pad_rows(_score_batch(predictor, [inputs[i] for i in chunk],
-                                       [targets[i] for i in chunk]), rows)
+        tgt = [_tokens(predictor, targets[i], lt, True, "target") for i in chunk]
+        batch = predictor.model.score_batch(
+            _input_ids(predictor, [inputs[i] for i in chunk]), tgt,
+            input_length=predictor.input_length, target_length=lt)
+        batch = _pad_rows(batch, rows)
         with partitioning.partitioning_context(predictor.mesh, predictor.rules):
             values = np.asarray(fn(predictor.params, batch))
         out.extend(float(v) for v in values[: len(chunk)])
@@ -424,8 +410,7 @@ def rank(predictor: Predictor, inputs: Sequence[str], candidates: Sequence[str],
         raise ValueError("rank needs at least one candidate")
     tokens = pad_ids([_tokens(predictor, c, predictor.target_length, True, "target")
                       for c in candidates])
-    shards = partitioning.batch_shard_count(predictor.mesh, predictor.rules)
-    rows, chunks = _batches(len(inputs), batch_size, shards)
+    rows, chunks = _batches(predictor, len(inputs), batch_size)
     out = np.zeros((len(inputs), len(candidates)), np.float32)
     for chunk in chunks:
         ids = _input_ids(predictor, [inputs[i] for i in chunk])
@@ -469,19 +454,16 @@ def read_inputs(path: str) -> list[dict[str, str]]:
             raise InferenceError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from err
         if not isinstance(items, list):
             raise InferenceError(f"{path}: expected a JSON array of objects or JSON lines")
-        entries = [(n, item) for n, item in enumerate(items, 1)]
-        where = "item"
+        entries = [(f"{path} item {n}", item) for n, item in enumerate(items, 1)]
     else:
         entries = []
         for n, line in lines:
             try:
-                entries.append((n, json.loads(line)))
+                entries.append((f"{path}:{n}", json.loads(line)))
             except json.JSONDecodeError as err:
                 raise InferenceError(f"{path}:{n}: invalid JSON ({err.msg})") from err
-        where = "line"
     rows = []
-    for n, row in entries:
-        path_n = f"{path}:{n}" if where == "line" else f"{path} item {n}"
+    for path_n, row in entries:
         if not isinstance(row, dict) or not isinstance(row.get("inputs"), str):
             raise InferenceError(f"{path_n}: expected an object with a string field 'inputs'")
         if "targets" in row and not isinstance(row["targets"], str):
@@ -503,8 +485,7 @@ def check_output_file(path: str) -> None:
     """Fail before any decoding when `path` cannot be written (predictions would be lost)."""
     if os.path.isdir(path):
         raise InferenceError(f"--output_file {path} is a directory")
-    parent = os.path.dirname(os.path.abspath(path))
-    existing = parent
+    existing = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
@@ -518,12 +499,9 @@ def task_examples(name: str, split: str, predictor: Predictor,
     """Text examples of a task split: downstream tasks via `downstream.load_examples`, other
     seqio tasks by detokenizing their (unshuffled) `inputs`/`targets` features."""
     from t5x_like import data
+    from t5x_like.data import downstream
 
-    try:
-        from t5x_like.data import downstream
-    except ImportError:
-        downstream = None
-    if downstream is not None and name in downstream.SUITE:
+    if name in downstream.SUITE:
         try:
             rows = downstream.load_examples(name, split)
         except (KeyError, ValueError) as err:
@@ -537,11 +515,9 @@ def task_examples(name: str, split: str, predictor: Predictor,
         raise InferenceError(f"task {name!r} split {split!r}: {err}") from err
     if num_examples:
         ds = ds.take(num_examples)
-    rows = []
-    for ex in ds.as_numpy_iterator():
-        row = {"targets": _detokenize(predictor, ex["targets"])}
-        row["inputs"] = _detokenize(predictor, ex["inputs"]) if "inputs" in ex else ""
-        rows.append(row)
+    rows = [{"targets": _detokenize(predictor, ex["targets"]),
+             "inputs": _detokenize(predictor, ex["inputs"]) if "inputs" in ex else ""}
+            for ex in ds.as_numpy_iterator()]
     if not rows:
         raise InferenceError(f"task {name!r} split {split!r} has no examples")
     return rows
@@ -550,6 +526,7 @@ def task_examples(name: str, split: str, predictor: Predictor,
 #: The decoding flags each `--method` uses (others are refused, not silently ignored).
 METHOD_FLAGS = {"greedy": (), "sample": ("temperature", "top_k", "top_p"),
                 "beam": ("alpha", "num_beams")}
+_DECODE_FLAGS = sum(METHOD_FLAGS.values(), ())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -599,8 +576,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = build_parser()
     args, gin_flags = gin_utils.parse_flags(parser, argv)
     used = METHOD_FLAGS[args.method]
-    unused = [f"--{k}" for k in ("temperature", "top_k", "top_p", "alpha", "num_beams")
-              if getattr(args, k) is not None and k not in used]
+    unused = [f"--{k}" for k in _DECODE_FLAGS if getattr(args, k) is not None and k not in used]
     if unused:
         parser.error(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply to "
                      f"--method={args.method}"
@@ -625,8 +601,7 @@ def main(argv: Sequence[str]) -> int:
             gin_search_paths=args.gin_search_paths)
         if rows is None:
             rows = task_examples(args.task, args.split, predictor, args.num_examples)
-        options = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "alpha",
-                                                 "num_beams") if getattr(args, k) is not None}
+        options = {k: getattr(args, k) for k in _DECODE_FLAGS if getattr(args, k) is not None}
         scored = [i for i, r in enumerate(rows) if "targets" in r]
         with one_truncation_warning(predictor):
             preds = predict(predictor, [r["inputs"] for r in rows], method=args.method,

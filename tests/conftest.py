@@ -71,10 +71,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 #: collected first: `--dist loadfile` hands modules to workers in collection order, so started
 #: last, one of them would leave a worker running it alone at the end of the run.
 COSTLIEST_FIRST = ("sweep/test_cells.py", "train/test_multiprocess.py", "aot/test_cli.py",
-                   "sweep/test_control_cells.py",
-                   "train/test_resume.py", "test_plan.py", "train/test_metrics_lag.py",
-                   "models/test_decoding.py", "notebooks/test_notebook.py",
-                   "train/test_corrupt_checkpoints.py")
+                   "test_infer.py", "test_evaluate.py", "test_plan.py",
+                   "sweep/test_control_cells.py", "train/test_resume.py",
+                   "train/test_metrics_lag.py", "models/test_decoding.py", "test_docs.py",
+                   "notebooks/test_notebook.py", "train/test_corrupt_checkpoints.py",
+                   "train/test_write_failures.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -184,7 +184,7 @@ def test_fsdp_stores_what_data_parallel_recomputes() -> None:
         b = tp["bytes_per_device"]
         ungathered = activations.activation_bytes(
             cfg, per_device_batch=tp["per_device_batch"], sequence_length=LENGTHS,
-            model_axis=mesh[2], tp=True, param_ratio=b["params"] / tp["global_bytes"]["params"],
+            model_axis=mesh[2], param_ratio=b["params"] / tp["global_bytes"]["params"],
             gathered=False)
         assert b["activations"] == pytest.approx(ungathered), preset
 
@@ -196,7 +196,7 @@ def test_tensor_parallel_splits_heads_even_when_they_join_to_d_model() -> None:
     for head_dim in (16, 18):  # 4 x 16 == emb_dim 64; 4 x 18 == 72
         cfg = TransformerConfig(**{**TINY, "head_dim": head_dim})
         acts = [activations.activation_bytes(cfg, per_device_batch=8, sequence_length=LENGTHS,
-                                      model_axis=m, tp=True)["none"] for m in (1, 4)]
+                                      model_axis=m)["none"] for m in (1, 4)]
         fractions.append(acts[1] / acts[0])
     assert fractions[0] == pytest.approx(fractions[1], rel=0.03), fractions
 

@@ -77,9 +77,9 @@ def _prepare_environment(target: str) -> None:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     m = re.fullmatch(r"cpu:(\d+)", target.strip().lower())
     if m:
-        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
-                       os.environ.get("XLA_FLAGS", ""))
-        os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
+        others = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                        os.environ.get("XLA_FLAGS", ""))
+        os.environ["XLA_FLAGS"] = (f"{others} --xla_force_host_platform_device_count="
                                    f"{m.group(1)}").strip()
     if "jax" in sys.modules:  # imported (not yet initialised) by the gin configurables
         import jax
@@ -107,9 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tf_setup.drop_stderr_lines(STARTUP_NOISE):  # importing jax loads the plugins
         from t5x_like import gin_utils
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        rest, gin_flags = gin_utils.split_gin_flags(argv)
+        rest, gin_flags = gin_utils.split_gin_flags(sys.argv[1:] if argv is None else argv)
     except gin_utils.ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ the package works without them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import math
 import os
@@ -26,12 +27,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-INSTALL_HINT = (
-    "deviceless GPU compilation needs the CUDA compiler packages: run `make install-aot` (or "
-    "`pip install -r requirements-aot.txt`, i.e. jax-cuda12-plugin==0.10.2 "
-    "jax-cuda12-pjrt==0.10.2 nvidia-cuda-nvcc-cu12) and use that environment with "
-    "JAX_PLATFORMS=cpu"
-)
+INSTALL_HINT = ("deviceless GPU compilation needs the CUDA compiler packages: run `make "
+                "install-aot` (or `pip install -r requirements-aot.txt`, i.e. jax-cuda12-plugin=="
+                "0.10.2 jax-cuda12-pjrt==0.10.2 nvidia-cuda-nvcc-cu12) and use that environment "
+                "with JAX_PLATFORMS=cpu")
 REGISTERS_PER_SM = 65536
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
@@ -172,9 +171,7 @@ def target_devices(name: str, num_gpus: int = 1, num_hosts: int = 1) -> list[Any
     return devices
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading the compiler's output
-# ----------------------------------------------------------------------------------------------
+# ---- reading the compiler's output ------------------------------------------------------------
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
 _THUNK = re.compile(r"\] (\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (\d+), (\d+)\]\s+"
                     r"shared_memory: (\d+) bytes")
@@ -187,7 +184,8 @@ def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
     pieces = _ENTRY.split(log)  # [pre, name, arch, body, name, arch, body, ...]
     for i in range(1, len(pieces) - 2, 3):
         name, body = pieces[i], pieces[i + 2]
-        info = {"static_smem_bytes": 0}
+        m = re.search(r"(\d+) bytes smem", body)
+        info = {"static_smem_bytes": int(m[1]) if m else 0}
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
                       r"loads", body)
         if m:
@@ -196,9 +194,6 @@ def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
         m = re.search(r"Used (\d+) registers", body)
         if m:
             info["registers"] = int(m[1])
-        m = re.search(r"(\d+) bytes smem", body)
-        if m:
-            info["static_smem_bytes"] = int(m[1])
         out[name] = info
     return out
 
@@ -233,7 +228,7 @@ def occupancy(target: GpuTarget, registers: int, threads: int, smem: int) -> dic
     }
     limited_by = min(limits, key=limits.get)
     return {"blocks_per_sm": min(limits[limited_by], MAX_BLOCKS_PER_SM), "limited_by": limited_by,
-            "smem_fits": smem + 0 <= target.smem_per_block_optin}
+            "smem_fits": smem <= target.smem_per_block_optin}
 
 
 def kernel_problems(kernel: dict[str, Any], smem_limit: int) -> list[str]:
@@ -264,13 +259,8 @@ def _kernel_ptx(dump_dir: str) -> dict[str, str]:
     return out
 
 
-def kernel_report(
-    fn: Callable,
-    *args: Any,
-    target: str,
-    kernel_filter: Callable[[str], bool] | None = None,
-    dump_dir: str | None = None,
-) -> dict[str, dict[str, Any]]:
+def kernel_report(fn: Callable, *args: Any, target: str,
+                  kernel_filter: Callable[[str], bool] | None = None) -> dict[str, dict[str, Any]]:
     """Compile jitted `fn(*args)` for a GPU target and report each kernel.
 
     `args` are `jax.ShapeDtypeStruct`s placed on `target_devices(target)` (or anything
@@ -281,14 +271,10 @@ def kernel_report(
     """
     gpu_target(target)  # an unknown name fails before compiling
     require_gpu_compiler()
-    own_dir = dump_dir is None
-    dump_dir = dump_dir or tempfile.mkdtemp(prefix="t5x_like_gpu_dump_")
-    try:
+    with tempfile.TemporaryDirectory(prefix="t5x_like_gpu_dump_",
+                                     ignore_cleanup_errors=True) as dump_dir:
         fn.lower(*args).compile(compiler_options={"xla_dump_to": dump_dir})
         return report_from_dump(dump_dir, target, kernel_filter)
-    finally:
-        if own_dir:
-            shutil.rmtree(dump_dir, ignore_errors=True)
 
 
 def report_from_dump(
@@ -332,15 +318,12 @@ def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str)
 
 def ptxas_version() -> str:
     """`ptxas --version` last line, e.g. 'Cuda compilation tools, release 12.9, V12.9.86'."""
-    out = subprocess.run([ptxas_path(), "--version"], capture_output=True, text=True,
-                         check=False)
+    out = subprocess.run([ptxas_path(), "--version"], capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
     return lines[-1] if lines else "?"
 
 
-# ----------------------------------------------------------------------------------------------
-# The project's flash-attention kernels
-# ----------------------------------------------------------------------------------------------
+# ---- the project's flash-attention kernels ----------------------------------------------------
 FLASH_KERNELS = ("t5x_like_flash_fwd", "t5x_like_flash_bwd_dkdv", "t5x_like_flash_bwd_dq")
 # variant -> (causal, T5 table, segment ids + prefix, dense bias)
 FLASH_VARIANTS = {
@@ -369,11 +352,8 @@ def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 
     if variant not in FLASH_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(FLASH_VARIANTS)}")
     causal, rel, packed, dense = FLASH_VARIANTS[variant]
-    sharding = jax.sharding.SingleDeviceSharding(devices[0])
-
-    def spec(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
+    spec = functools.partial(jax.ShapeDtypeStruct,
+                             sharding=jax.sharding.SingleDeviceSharding(devices[0]))
     qkv = spec((batch, seq_len, heads, head_dim), jnp.bfloat16)
     args = {"q": qkv, "k": qkv, "v": qkv}
     if rel:

@@ -17,11 +17,16 @@ profile (`benchmarks/h100/gpu_step.md`, `docs/scaling.md`).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
+import gzip
 import math
 import re
-from typing import Any
+import sys
+from typing import Any, NamedTuple
+
+from t5x_like import flags
 
 #: One H100 SXM as measured on the lease machine: bf16 8192^3 matmul ~790 TFLOP/s (KINDS.md,
 #: up to 798), device-to-device copy ~3.0 TB/s counting reads and writes. Fused attention
@@ -76,8 +81,19 @@ def shape_bytes(shape: str) -> float:
     return float(sum(_BYTES.get(t, 4) * math.prod(d) for t, d in array_shapes(shape)))
 
 
-def _split_instruction(line: str) -> tuple[str, str, str, str, str] | None:
-    """`%n = SHAPE opcode(OPERANDS), ATTRS` -> (name, shape, opcode, operands, attrs)."""
+class Instruction(NamedTuple):
+    """One line of an HLO computation: `[ROOT] %name = shape opcode(operands), attrs`."""
+
+    name: str
+    shape: str
+    opcode: str
+    operands: str
+    attrs: str
+    root: bool
+
+
+def _split_instruction(line: str) -> Instruction | None:
+    """An instruction line as its parts (None for anything else)."""
     m = _DEF.match(line)
     if not m:
         return None
@@ -92,7 +108,8 @@ def _split_instruction(line: str) -> tuple[str, str, str, str, str] | None:
         return None
     start = op.end() - 1
     end = _closing(rest, start)
-    return m.group(1), shape, op.group(1), rest[start + 1:end], rest[end + 1:]
+    return Instruction(m.group(1), shape, op.group(1), rest[start + 1:end], rest[end + 1:],
+                       root=line.lstrip().startswith("ROOT"))
 
 
 def _closing(text: str, start: int) -> int:
@@ -106,9 +123,9 @@ def _closing(text: str, start: int) -> int:
     return len(text) - 1
 
 
-def parse_module(text: str) -> tuple[dict[str, list[str]], str]:
-    """HLO module text -> ({computation: instruction lines}, entry computation name)."""
-    comps: dict[str, list[str]] = {}
+def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
+    """HLO module text -> ({computation: its instructions}, entry computation name)."""
+    comps: dict[str, list[Instruction]] = {}
     entry, current = "", None
     for line in text.splitlines():
         m = _COMP.match(line)
@@ -119,8 +136,8 @@ def parse_module(text: str) -> tuple[dict[str, list[str]], str]:
                 entry = current
         elif line.strip() == "}":
             current = None
-        elif current is not None and _DEF.match(line):
-            comps[current].append(line)
+        elif current is not None and (instruction := _split_instruction(line)):
+            comps[current].append(instruction)
     if not entry:
         raise ValueError("no ENTRY computation in the HLO text")
     return comps, entry
@@ -137,8 +154,7 @@ def _dims_attr(attrs: str, key: str) -> list[int]:
 
 def _dot_flops(out_shape: str, lhs_shape: str, attrs: str) -> float:
     """2 * (output elements) * (contracted size) of a dot / GEMM call."""
-    out = array_shapes(out_shape)
-    lhs = array_shapes(lhs_shape)
+    out, lhs = array_shapes(out_shape), array_shapes(lhs_shape)
     if not out or not lhs:
         return 0.0
     contracting = _dims_attr(attrs, "lhs_contracting_dims")
@@ -167,66 +183,51 @@ def kernels(text: str) -> list[Op]:
     return list(walk.ops.values())
 
 
-def _shapes_of(lines: list[str]) -> dict[str, str]:
-    """Each instruction's result shape, by name."""
-    out = {}
-    for line in lines:
-        parts = _split_instruction(line)
-        if parts:
-            out[parts[0]] = parts[1]
-    return out
-
-
-def _param_accesses(lines: list[str]) -> tuple[dict[int, float | None], float | None]:
+def _param_accesses(parsed: list[Instruction]) -> tuple[dict[int, float | None], float | None]:
     """Per parameter of a fused computation, the bytes it really reads (None: all of it), and
     the bytes written when the root updates a parameter in place (None: the output)."""
-    parsed = [p for p in (_split_instruction(line) for line in lines) if p]
-    by_name = {p[0]: p for p in parsed}
-    params = {p[0]: int(re.search(r"parameter\((\d+)\)", f"{p[2]}({p[3]})").group(1))
-              for p in parsed if p[2] == "parameter"}
-    users: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+    by_name = {p.name: p for p in parsed}
+    params = {p.name: int(p.operands) for p in parsed if p.opcode == "parameter"}
+    users: dict[str, list[tuple[Instruction, int]]] = collections.defaultdict(list)
     for p in parsed:
-        for pos, operand in enumerate(re.findall(r"%([\w.\-]+)", p[3])):
-            users[operand].append((p[0], pos))
+        for pos, operand in enumerate(re.findall(r"%([\w.\-]+)", p.operands)):
+            users[operand].append((p, pos))
     reads: dict[int, float | None] = {}
     for name, index in params.items():
         total = 0.0
-        for user, pos in users.get(name, []):
-            op = by_name[user]
-            if op[2] in ("dynamic-slice", "slice", "gather") and pos == 0:
-                total += shape_bytes(op[1])
-            elif op[2] == "dynamic-update-slice" and pos == 0:
+        for op, pos in users.get(name, []):
+            if op.opcode in ("dynamic-slice", "slice", "gather") and pos == 0:
+                total += shape_bytes(op.shape)
+            elif op.opcode == "dynamic-update-slice" and pos == 0:
                 continue  # aliased with the output, updated in place
             else:
                 total = None
                 break
         reads[index] = total
-    root = next((p for p in parsed if any(
-        line.lstrip().startswith(f"ROOT %{p[0]} ") for line in lines)), None)
+    root = next((p for p in parsed if p.root), None)
     written = None
-    if root and root[2] == "dynamic-update-slice":
-        update = re.findall(r"%([\w.\-]+)", root[3])[1]
-        written = shape_bytes(by_name[update][1]) if update in by_name else None
+    if root and root.opcode == "dynamic-update-slice":
+        update = re.findall(r"%([\w.\-]+)", root.operands)[1]
+        written = shape_bytes(by_name[update].shape) if update in by_name else None
     return reads, written
 
 
 class _Walk:
     """A walk of an HLO module's computations from its entry: the kernels it runs, by name."""
 
-    def __init__(self, comps: dict[str, list[str]]) -> None:
+    def __init__(self, comps: dict[str, list[Instruction]]) -> None:
         self.comps = comps
         self.ops: dict[str, Op] = {}
         self._accesses: dict[str, tuple[dict[int, float | None], float | None]] = {}
 
     def computation(self, comp: str, times: int) -> None:
         """Count the kernels of ``comp``, run ``times`` times (loops and calls walked into)."""
-        lines = self.comps.get(comp, [])
-        shapes = _shapes_of(lines)
-        for line in lines:
-            parts = _split_instruction(line)
-            if not parts or parts[2] in _FREE:
+        instructions = self.comps.get(comp, [])
+        shapes = {i.name: i.shape for i in instructions}
+        for instruction in instructions:
+            name, _, opcode, _, attrs, _ = instruction
+            if opcode in _FREE:
                 continue
-            name, _, opcode, _, attrs = parts
             if opcode == "while":
                 trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
                 body = re.search(r"body=%([\w.\-]+)", attrs)
@@ -242,11 +243,11 @@ class _Walk:
             if name in self.ops:
                 self.ops[name].count += times
             else:
-                self.ops[name] = self.kernel(parts, shapes, times)
+                self.ops[name] = self.kernel(instruction, shapes, times)
 
-    def kernel(self, parts: tuple[str, ...], shapes: dict[str, str], times: int) -> Op:
+    def kernel(self, instruction: Instruction, shapes: dict[str, str], times: int) -> Op:
         """One kernel instruction's op: its FLOPs, the HBM bytes it moves, its kind."""
-        name, shape, opcode, operands, attrs = parts
+        name, shape, opcode, operands, attrs, _ = instruction
         operand_shapes = [shapes.get(n, "") for n in re.findall(r"%([\w.\-]+)", operands)]
         io = shape_bytes(shape) + sum(shape_bytes(s) for s in operand_shapes)
         called = re.search(r"calls=%([\w.\-]+)", attrs) if opcode == "fusion" else None
@@ -269,16 +270,15 @@ class _Walk:
 
     def fused_flops(self, comp: str) -> float:
         """The matrix-product FLOPs inside a fused (or called) computation."""
-        lines = self.comps.get(comp, [])
-        local = _shapes_of(lines)
+        instructions = self.comps.get(comp, [])
+        local = {i.name: i.shape for i in instructions}
         total = 0.0
-        for line in lines:
-            parts = _split_instruction(line)
-            if parts and parts[2] in ("dot", "convolution"):
-                lhs = re.findall(r"%([\w.\-]+)", parts[3])
-                total += _dot_flops(parts[1], local.get(lhs[0], "") if lhs else "", parts[4])
-            elif parts and parts[2] in ("fusion", "call"):
-                called = re.search(r"calls=%([\w.\-]+)", parts[4])
+        for p in instructions:
+            if p.opcode in ("dot", "convolution"):
+                lhs = re.findall(r"%([\w.\-]+)", p.operands)
+                total += _dot_flops(p.shape, local.get(lhs[0], "") if lhs else "", p.attrs)
+            elif p.opcode in ("fusion", "call"):
+                called = re.search(r"calls=%([\w.\-]+)", p.attrs)
                 total += self.fused_flops(called.group(1)) if called else 0.0
         return total
 
@@ -322,10 +322,9 @@ def step_model(text: str, *, device: str | dict[str, float] = "h100",
     ops = kernels(text)
     total = sum(o.seconds(dev) for o in ops)
     by_kind: dict[str, float] = collections.Counter()
-    for o in ops:
-        by_kind[o.kind] += o.seconds(dev)
     groups: dict[tuple[str, str], list[Op]] = collections.defaultdict(list)
     for o in ops:  # the same op in every layer is one row: layers_3 -> layers_*
+        by_kind[o.kind] += o.seconds(dev)
         groups[(o.kind, re.sub(r"layers_\d+", "layers_*", o.op_name) or o.name)].append(o)
     ranked = sorted(groups.items(), key=lambda kv: -sum(o.seconds(dev) for o in kv[1]))
     out: dict[str, Any] = {
@@ -368,12 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m t5x_like.aot.roofline HLO.txt[.gz] [--measured_ms MS] [--model_flops F]`:
     the step model of a dumped module (`python -m t5x_like.aot --hlo_out`, or the optimised
     HLO a GPU lease brought back)."""
-    import argparse
-    import gzip
-    import sys
-
-    from t5x_like import flags
-
     p = argparse.ArgumentParser(prog="python -m t5x_like.aot.roofline",
                                 description=main.__doc__.splitlines()[0])
     p.add_argument("hlo", help="optimised HLO text (.gz read as gzip)")

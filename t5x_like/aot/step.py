@@ -1,15 +1,13 @@
 """Compile the trainer's own train / eval step for a target that is not here, and report on it.
 
 `resolve_target(name)` gives the target's devices: compile-only TPU devices from libtpu
-(`tpu.py`), compile-only CUDA devices from the XLA GPU plugin (`gpu.py`), or this host's CPU
-devices (`cpu:N`, with `--xla_force_host_platform_device_count=N`). `build_run(target)` reads the
-parsed gin config exactly as `t5x_like.train.trainer.train` does (model, optimizer, batch,
-lengths, microbatches, mesh shape, rules preset) and builds its jitted steps over a mesh of the
-target's devices; `compile_step` lowers them on abstract inputs (`jax.ShapeDtypeStruct`s: nothing
-is allocated, nothing runs), compiles, and reads XLA's `memory_analysis` / `cost_analysis`.
-`planner_estimate` puts `t5x_like.plan`'s prediction for the same config and mesh beside it, and
-`suggest_fit` names gin bindings that the planner (scaled by this compile's measured
-compiler/planner ratio) expects to fit when the config does not.
+(`tpu.py`) or CUDA devices from the XLA GPU plugin (`gpu.py`), or this host's CPU devices
+(`cpu:N`, with `--xla_force_host_platform_device_count=N`). `build_run` reads the parsed gin
+config as `t5x_like.train.trainer.train` does, over a mesh of the target's devices;
+`compile_step` lowers its jitted step on abstract inputs (nothing is allocated or run), compiles
+it and reads XLA's `memory_analysis` / `cost_analysis`. `planner_estimate` puts `t5x_like.plan`'s
+prediction beside it; `suggest_fit` names gin bindings that the planner (scaled by the measured
+planner/compiler ratio) expects to fit when the config does not.
 """
 
 from __future__ import annotations
@@ -59,16 +57,6 @@ class Target:
         return str(self.devices[0].device_kind)
 
 
-def target_kind(name: str) -> str:
-    """'cpu', 'tpu' or 'cuda' from the spelling alone (no compiler is imported)."""
-    text = name.strip().lower()
-    if re.fullmatch(r"cpu(:\d+)?", text):
-        return "cpu"
-    if re.match(r"v\d", text):
-        return "tpu"
-    return "cuda"
-
-
 def _gpu_name(name: str) -> tuple[str, int]:
     """'8xh100' -> ('h100', 8); 'h100' -> ('h100', 1)."""
     m = re.fullmatch(r"(?:(\d+)\s*x\s*)?([a-z0-9_-]+)", name.strip().lower())
@@ -77,7 +65,7 @@ def _gpu_name(name: str) -> tuple[str, int]:
     return m.group(2), int(m.group(1) or 1)
 
 
-def _cpu_target(name: str, hbm_gb: float | None) -> Target:
+def _cpu_target(name: str) -> Target:
     import jax
 
     text = name.strip().lower()
@@ -87,9 +75,7 @@ def _cpu_target(name: str, hbm_gb: float | None) -> Target:
         raise TargetError(f"target {name!r}: this process has {len(devices)} CPU devices; set "
                           f"XLA_FLAGS=--xla_force_host_platform_device_count={want} before "
                           f"jax starts (python -m t5x_like.aot does)")
-    hbm = None if hbm_gb is None else int(hbm_gb * GIB)
-    return Target(name, "cpu", tuple(devices), hbm, want,
-                  f"{want} x host CPU device (XLA:CPU)", None)
+    return Target(name, "cpu", tuple(devices), None, want, f"{want} x host CPU device (XLA:CPU)")
 
 
 def _tpu_target(name: str) -> Target:
@@ -121,20 +107,18 @@ def _gpu_target(name: str) -> Target:
         devices = gpu.target_devices(gpu_name, num_gpus=count)
     except RuntimeError as err:
         raise TargetError(f"compiling for {gpu_name}: {str(err).splitlines()[0]}") from err
-    desc = (f"{count} x {spec.device_kind} ({spec.arch}), HBM {spec.hbm_bytes / GIB:.0f} "
-            f"GiB/GPU")
+    desc = f"{count} x {spec.device_kind} ({spec.arch}), HBM {spec.hbm_bytes / GIB:.0f} GiB/GPU"
     return Target(name, "cuda", tuple(devices), spec.hbm_bytes, min(count, 8), desc, spec.arch)
 
 
 def resolve_target(name: str, hbm_gb: float | None = None) -> Target:
-    """The devices of `name` (see module docstring). `hbm_gb` overrides the per-device budget.
-
-    Raises TargetError for an unknown name or a missing compiler (naming `make install-aot`).
-    """
-    kind = target_kind(name)
-    if kind == "cpu":
-        target = _cpu_target(name, hbm_gb)
-    elif kind == "tpu":
+    """The devices of `name` (see module docstring; the spelling tells the platform). `hbm_gb`
+    overrides the per-device budget (`cpu:N` has none otherwise). Raises TargetError for an
+    unknown name or a missing compiler (naming `make install-aot`)."""
+    text = name.strip().lower()
+    if re.fullmatch(r"cpu(:\d+)?", text):
+        target = _cpu_target(name)
+    elif re.match(r"v\d", text):
         target = _tpu_target(name)
     else:
         target = _gpu_target(name)
@@ -164,10 +148,6 @@ class Run:
     preset: str
     state: Any  # train_state.ShardedState
 
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        return tuple(self.mesh.shape.values())
-
 
 def _gin(key: str, default: Any = None, **kwargs: Any) -> Any:
     from t5x_like import plan
@@ -176,11 +156,9 @@ def _gin(key: str, default: Any = None, **kwargs: Any) -> Any:
 
 
 def build_run(target: Target) -> Run:
-    """The model / optimizer / mesh / sharded state `train` builds from the parsed gin config.
-
-    The mesh shape is evaluated for the target's device count (a gin reference such as
-    `@fsdp_tp_mesh_shape()` sees the target's devices and devices per host, not this host's).
-    """
+    """The model / optimizer / mesh / sharded state `train` builds from the parsed gin config,
+    the mesh shape evaluated for the target's device count (a gin reference such as
+    `@fsdp_tp_mesh_shape()` sees the target's devices and devices per host, not this host's)."""
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.train import partitioning, train_state
     from t5x_like.train.optimizers import create_optimizer
@@ -252,31 +230,26 @@ def lower_step(run: Run, which: str) -> Any:
     raise ValueError(f"step {which!r}: choose 'train' or 'eval'")
 
 
-@contextlib.contextmanager
-def kernel_target(target: Target) -> Iterator[None]:
+def kernel_target(target: Target) -> contextlib.AbstractContextManager[Any]:
     """Select the Pallas flash-attention kernel's target while lowering (its backend and block
     sizes otherwise follow this host's backend)."""
     from t5x_like.kernels import flash
 
     if target.platform == "cpu":
-        yield
-        return
-    with flash.compile_target("gpu" if target.platform == "cuda" else "tpu", target.arch):
-        yield
+        return contextlib.nullcontext()
+    return flash.compile_target("gpu" if target.platform == "cuda" else "tpu", target.arch)
 
 
 @contextlib.contextmanager
-def heartbeat(label: str, every_s: float = 30.0,
-              write: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Print `label ... N s` every `every_s` seconds until the block ends (compiles take
+def heartbeat(label: str, write: Callable[[str], None], every_s: float = 30.0) -> Iterator[None]:
+    """`write` `label ... N s` every `every_s` seconds until the block ends (compiles take
     minutes; this shows the process is alive)."""
-    out = write or (lambda s: print(s, file=sys.stderr, flush=True))
     stop = threading.Event()
     t0 = time.monotonic()
 
     def beat() -> None:
         while not stop.wait(every_s):
-            out(f"  ... {label}: {time.monotonic() - t0:.0f} s")
+            write(f"  ... {label}: {time.monotonic() - t0:.0f} s")
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
@@ -293,15 +266,13 @@ _OOM = re.compile(r"(ran out of memory|exceeds available|resource.?exhausted|out
                   re.IGNORECASE)
 
 
-def compile_step(run: Run, target: Target, which: str,
-                 log: Callable[[str], None] | None = None,
-                 compiler_options: Mapping[str, str] | None = None,
+def compile_step(run: Run, target: Target, which: str, out: Callable[[str], None],
+                 compiler_options: Mapping[str, Any] | None = None,
                  hlo_out: str | None = None) -> dict[str, Any]:
-    """Lower + compile one step; returns its report (see `memory_report`), or the compiler's
+    """Lower + compile one step; returns its report (see `compiled_report`), or the compiler's
     error with `compiled: False` (and `fits: False` when the error is an out-of-memory).
     `compiler_options`: XLA debug options for this compile (`{'xla_gpu_...': 'false'}`);
     `hlo_out`: write the optimised HLO text there (gzipped), e.g. for `t5x_like.aot.roofline`."""
-    out = log or (lambda s: print(s, file=sys.stderr, flush=True))
     t0 = time.monotonic()
     try:
         with kernel_target(target):
@@ -318,14 +289,12 @@ def compile_step(run: Run, target: Target, which: str,
     out(f"[aot] {which} step traced + lowered in {t1 - t0:.1f} s; compiling for "
         f"{target.num_devices} x {target.device_kind} ...")
     report: dict[str, Any] = {"step": which, "lower_s": round(t1 - t0, 1)}
+    options = dict(compiler_options or {})
     dump = None
-    if target.platform == "cuda" and run.config.attention_impl == "pallas":
-        dump = tempfile.mkdtemp(prefix="t5x_like_aot_dump_")  # PTX + thunks for the kernels
+    if target.platform == "cuda" and run.config.attention_impl == "pallas":  # kernels' PTX
+        dump = options["xla_dump_to"] = tempfile.mkdtemp(prefix="t5x_like_aot_dump_")
     try:
-        with heartbeat(f"compiling {which} step", write=out):
-            options = dict(compiler_options or {})
-            if dump:
-                options["xla_dump_to"] = dump
+        with heartbeat(f"compiling {which} step", out):
             compiled = lowered.compile(compiler_options=options or None)
     except Exception as err:  # noqa: BLE001 - the compiler's verdict is the report
         if dump:
@@ -345,22 +314,26 @@ def compile_step(run: Run, target: Target, which: str,
         out(f"[aot] {which} step FAILED to compile after {report['compile_s']} s")
         return report
     report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
-    report.update(memory_report(compiled, target.hbm_bytes))
-    report.update(cost_report(compiled))
-    device = step_model_device(target)
-    text = compiled.as_text() if hlo_out or (device and which == "train") else ""
+    report.update(compiled_report(compiled, target.hbm_bytes))
+    # the train step's roofline model, on the GPUs `roofline.DEVICES` is calibrated for
+    kind = target.device_kind.lower() if target.platform == "cuda" and which == "train" else ""
+    device = next((name for name in roofline.DEVICES if name in kind), None)
+    text = compiled.as_text() if hlo_out or device else ""
     if hlo_out:
         with gzip.open(hlo_out, "wt") as f:
             f.write(text)
-    if device and which == "train":
+    if device:
         flops = (run.model.flops_per_sequence(run.sequence_length) * run.batch_size
                  / target.num_devices)
         report["step_model"] = roofline.step_model(text, device=device, model_flops=flops,
                                                    top=8)
     out(f"[aot] {which} step compiled in {report['compile_s']} s")
-    if dump:
+    if dump:  # the Pallas (Triton) kernels' ptxas report, as `gpu.kernel_report` gives it
+        from t5x_like.aot import gpu
+
         try:
-            report["kernels"] = gpu_kernels_from_dump(dump, target.name)
+            report["kernels"] = gpu.report_from_dump(dump, _gpu_name(target.name)[0],
+                                                     kernel_filter=lambda name: "flash" in name)
         finally:
             shutil.rmtree(dump, ignore_errors=True)
     return report
@@ -373,44 +346,21 @@ def compile_step(run: Run, target: Target, which: str,
 DEVICELESS_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 
 
-def step_model_device(target: Target) -> str | None:
-    """The roofline device (`roofline.DEVICES`) of a GPU target, None when uncalibrated."""
-    if target.platform != "cuda":
-        return None
-    kind = target.device_kind.lower()
-    return next((name for name in roofline.DEVICES if name in kind), None)
-
-
-def gpu_kernels_from_dump(dump_dir: str, target_name: str) -> dict[str, dict[str, Any]]:
-    """Registers, spills, shared memory, blocks per SM and pipelined-load counts of the Pallas
-    (Triton) kernels in an `xla_dump_to` directory of a GPU compile, from ptxas -v on the PTX
-    XLA emitted (the same analysis as `gpu.kernel_report`, without compiling again)."""
-    from t5x_like.aot import gpu
-
-    return gpu.report_from_dump(dump_dir, _gpu_name(target_name)[0],
-                                kernel_filter=lambda name: "flash" in name)
-
-
-def memory_report(compiled: Any, hbm_bytes: int | None) -> dict[str, Any]:
-    """Per-device bytes from `compiled.memory_analysis()`; `peak` = arguments + outputs -
-    aliased (donated) + temporaries, `fits` = peak <= hbm_bytes (None without a budget)."""
+def compiled_report(compiled: Any, hbm_bytes: int | None) -> dict[str, Any]:
+    """What XLA says of a compiled step, per device: bytes from `memory_analysis()` (`peak` =
+    arguments + outputs - aliased (donated) + temporaries; `fits` = peak <= hbm_bytes, None
+    without a budget), FLOPs and bytes accessed from `cost_analysis()` (Pallas kernels without
+    a `cost_estimate` count as zero)."""
     m = compiled.memory_analysis()
-    b = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
-         "alias": int(m.alias_size_in_bytes), "temp": int(m.temp_size_in_bytes),
-         "code": int(m.generated_code_size_in_bytes)}
+    b = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
+    b["code"] = int(m.generated_code_size_in_bytes)
     b["peak"] = b["argument"] + b["output"] - b["alias"] + b["temp"]
-    fits = None if hbm_bytes is None else b["peak"] <= hbm_bytes
-    return {"bytes_per_device": b, "hbm_bytes": hbm_bytes, "fits": fits}
-
-
-def cost_report(compiled: Any) -> dict[str, Any]:
-    """XLA's per-device FLOPs and bytes accessed per step (`cost_analysis`; Pallas kernels
-    without a `cost_estimate` count as zero)."""
     ca = compiled.cost_analysis()
     ca = (ca[0] if ca else {}) if isinstance(ca, list) else (ca or {})
-    keep = {"flops": "flops", "bytes accessed": "bytes_accessed",
-            "optimal_seconds": "optimal_seconds"}
-    return {"xla_" + v: float(ca[k]) for k, v in keep.items() if k in ca}
+    return {"bytes_per_device": b, "hbm_bytes": hbm_bytes,
+            "fits": None if hbm_bytes is None else b["peak"] <= hbm_bytes,
+            **{"xla_" + k.replace(" ", "_"): float(ca[k])
+               for k in ("flops", "bytes accessed", "optimal_seconds") if k in ca}}
 
 
 # ---- the planner beside the compiler -----------------------------------------------------------
@@ -421,20 +371,20 @@ def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
     from t5x_like import plan
 
     result = plan.plan(run.config, batch_size=run.batch_size, sequence_length=run.sequence_length,
-                       mesh_shape=run.mesh_shape, preset=run.preset, optimizer=run.optimizer,
-                       num_microbatches=run.num_microbatches, packed=run.pack,
+                       mesh_shape=tuple(run.mesh.shape.values()), preset=run.preset,
+                       optimizer=run.optimizer, num_microbatches=run.num_microbatches,
+                       packed=run.pack,
                        device_memory_gb=None if hbm_bytes is None else hbm_bytes / GIB)
     b, remat = result["bytes_per_device"], result["remat"]
+    keys = ("params", "optimizer_state", "gradients", "gathered_weights", "activations",
+            "logits_gradient", "temp", "total")
     return {
         "remat": remat,
         "num_params": result["num_params"],
         "per_device_batch": result["per_device_batch"],
-        "bytes_per_device": {
-            "params": b["params"], "optimizer_state": b["optimizer_state"],
-            "gradients": b["gradients"], "gathered_weights": b["gathered_weights"],
-            "activations": b["activations"][remat], "logits_gradient": b["logits_gradient"],
-            "temp": b["temp"][remat], "total": b["total"][remat],
-        },
+        # the parts that depend on the remat policy, at the planned one
+        "bytes_per_device": {k: b[k][remat] if k in ("activations", "temp", "total") else b[k]
+                             for k in keys},
         "flops_per_device": result["flops_per_device_per_step"]
         + result["recompute_flops_per_step"][remat] / result["num_devices"],
     }
@@ -451,9 +401,8 @@ def compare(plan_est: Mapping[str, Any], train: Mapping[str, Any],
     """Planner / compiler ratios: state (params + optimizer vs arguments - batch), temp (the
     planner's temporaries vs XLA's), total (vs peak), flops."""
     pb, xb = plan_est["bytes_per_device"], train["bytes_per_device"]
-    state = pb["params"] + pb["optimizer_state"]
     out = {
-        "state": state / max(xb["argument"] - batch_bytes, 1),
+        "state": (pb["params"] + pb["optimizer_state"]) / max(xb["argument"] - batch_bytes, 1),
         "temp": pb["temp"] / max(xb["temp"], 1),
         "total": pb["total"] / max(xb["peak"], 1),
     }
@@ -473,19 +422,17 @@ def suggest_fit(run: Run, target: Target, planner_over_compiler: float | None = 
     if not target.hbm_bytes:
         return None
     scale = planner_over_compiler if planner_over_compiler and planner_over_compiler > 0 else 1.0
-    budget_gb = target.hbm_bytes / GIB * scale
     found = plan.recommend(run.config, num_devices=target.num_devices, batch_size=run.batch_size,
-                           sequence_length=run.sequence_length, device_memory_gb=budget_gb,
+                           sequence_length=run.sequence_length,
+                           device_memory_gb=target.hbm_bytes / GIB * scale,
                            optimizer=run.optimizer, devices_per_host=target.devices_per_host,
                            headroom=headroom)
     if found is None:
         return None
-    bindings = plan.recommend_flags(found)
-    return {"sharding": found["sharding"], "remat": found["remat"],
-            "num_microbatches": found["num_microbatches"],
-            "per_device_batch": found["per_device_batch"],
+    return {**{k: found[k] for k in ("sharding", "remat", "num_microbatches", "per_device_batch")},
             "planned_bytes": found["total_bytes"],
-            "expected_compiler_bytes": found["total_bytes"] / scale, "bindings": bindings}
+            "expected_compiler_bytes": found["total_bytes"] / scale,
+            "bindings": plan.recommend_flags(found)}
 
 
 def _gib(x: float | None) -> str:
@@ -503,11 +450,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     hbm = t.get("hbm_bytes")
     lines.append(f"{'per device, GiB':<22}" + "".join(f"{s:>10}" for s in report["steps"])
                  + f"{'planner':>10}")
-    plan_b = (report.get("plan") or {}).get("bytes_per_device", {})
-    plan_rows = {"argument": (plan_b.get("params", 0) + plan_b.get("optimizer_state", 0))
-                 if plan_b else None,
-                 "temp": plan_b.get("temp"),
-                 "peak": plan_b.get("total")}
+    plan = report.get("plan") or {}
+    pb = plan.get("bytes_per_device")
+    plan_rows = {"argument": pb["params"] + pb["optimizer_state"], "temp": pb["temp"],
+                 "peak": pb["total"]} if pb else {}
     for row in ("argument", "output", "alias", "temp", "peak"):
         cells = "".join(f"{_gib(s.get('bytes_per_device', {}).get(row)):>10}"
                         for s in report["steps"].values())
@@ -515,9 +461,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(f"  {'HBM':<20}" + f"{_gib(hbm):>10}" * len(report["steps"]))
     flops = "".join(f"{s['xla_flops']:>10.3g}" if "xla_flops" in s else f"{'-':>10}"
                     for s in report["steps"].values())
-    pf = (report.get("plan") or {}).get("flops_per_device")
-    lines.append(f"  {'FLOPs/step':<20}{flops}" + (f"{pf:>10.3g}" if pf else ""))
-    lines.append("")
+    pf = plan.get("flops_per_device")
+    lines += [f"  {'FLOPs/step':<20}{flops}" + (f"{pf:>10.3g}" if pf else ""), ""]
+    verdict = {True: "fits", False: "does NOT fit", None: "no HBM budget given"}
     for name, s in report["steps"].items():
         if not s.get("compiled"):
             took = f" ({s['compile_s']} s)" if "compile_s" in s else ""
@@ -525,7 +471,6 @@ def format_report(report: Mapping[str, Any]) -> str:
             if s.get("hint"):
                 lines.append(f"  hint: {s['hint']}")
         else:
-            verdict = {True: "fits", False: "does NOT fit", None: "no HBM budget given"}
             lines.append(f"{name}: compiled in {s['compile_s']} s; peak "
                          f"{_gib(s['bytes_per_device']['peak'])} GiB of {_gib(hbm)}: "
                          f"{verdict[s['fits']]}")
@@ -536,18 +481,16 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(f"note: attention {c['attention_impl']} compiled as "
                      f"{report['attention_compiled_as']} here (cuDNN builds its graphs on "
                      "the GPU)")
-    for name, s in report["steps"].items():
+    for name, s in report["steps"].items():  # the step model is the train step's only
         if s.get("step_model"):
             lines.append(f"{name} {roofline.format_model(s['step_model'])} (predicted, per "
                          "device)")
-    for name, s in report["steps"].items():
         for kname, k in (s.get("kernels") or {}).items():
             smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
-            lines.append(
-                f"{name} kernel {kname}: {k.get('registers', '?')} registers, spills "
-                f"{k.get('spill_store_bytes', '?')}/{k.get('spill_load_bytes', '?')} B "
-                f"(store/load), smem {smem} B, {k.get('blocks_per_sm', '?')} blocks/SM, "
-                f"cp.async {k.get('cp_async', 0)}, TMA {k.get('tma', 0)}")
+            lines.append(f"{name} kernel {kname}: {k.get('registers', '?')} registers, spills "
+                         f"{k.get('spill_store_bytes', '?')}/{k.get('spill_load_bytes', '?')} "
+                         f"B (store/load), smem {smem} B, {k.get('blocks_per_sm', '?')} "
+                         f"blocks/SM, cp.async {k.get('cp_async', 0)}, TMA {k.get('tma', 0)}")
     sug = report.get("suggestion")
     if sug:
         lines.append(f"would fit (planner, x{report.get('calibration', 1.0):.2f} calibrated): "
@@ -575,18 +518,16 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
     out(f"[aot] {target.description}; {partitioning.describe(run.mesh)}; rules {run.preset}")
     cfg = run.config
     report: dict[str, Any] = {
-        "target": {"name": target.name, "platform": target.platform,
-                   "device_kind": target.device_kind, "num_devices": target.num_devices,
-                   "devices_per_host": target.devices_per_host, "arch": target.arch,
-                   "hbm_bytes": target.hbm_bytes, "description": target.description},
+        "target": {k: getattr(target, k) for k in ("name", "platform", "device_kind",
+                                                   "num_devices", "devices_per_host", "arch",
+                                                   "hbm_bytes", "description")},
         "config": {"gin_files": list(gin_files), "bindings": list(bindings),
                    "family": run.model.family,
                    "num_params": sum(math.prod(a.shape) for a in
                                      jax.tree.leaves(run.state.abstract.params)),
                    "attention_impl": cfg.attention_impl, "remat": cfg.remat_policy,
                    "optimizer": run.optimizer_name, "batch_size": run.batch_size,
-                   "num_microbatches": run.num_microbatches,
-                   "sequence_length": run.sequence_length,
+                   "num_microbatches": run.num_microbatches, "sequence_length": run.sequence_length,
                    "mesh": dict(run.mesh.shape), "preset": run.preset},
         # cuDNN builds its attention graphs on the GPU: deviceless, jax's cuDNN path is
         # unavailable and 'cudnn' compiles as XLA's attention (format_report says so).
@@ -612,8 +553,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
     if report["fits"] is False and with_plan:
         ratio = (report.get("plan_over_compiler") or {}).get("total")
         if ratio is None and train and train.get("oom_temp_bytes"):
-            pb = report["plan"]["bytes_per_device"]
-            ratio = pb["temp"] / train["oom_temp_bytes"]
+            ratio = report["plan"]["bytes_per_device"]["temp"] / train["oom_temp_bytes"]
             report["plan_over_compiler"] = {"temp_from_oom_message": round(ratio, 4)}
         report["calibration"] = ratio or 1.0
         report["suggestion"] = suggest_fit(run, target, ratio)

@@ -8,8 +8,7 @@ accepts like real ones (put `jax.ShapeDtypeStruct`s with a `NamedSharding` over 
 and lower inside `jax.set_mesh(mesh)` so Pallas/Mosaic sees a TPU device kind).
 
 Slice-name arithmetic follows Cloud TPU: for v4 and v5p the number counts TensorCores (two per
-chip, fused into one "megacore" device), for v5e and v6e it counts chips. libtpu is imported
-only by `target_devices`; without it the error names `make install-aot`.
+chip, fused into one "megacore" device), for v5e and v6e it counts chips.
 """
 
 from __future__ import annotations
@@ -25,10 +24,7 @@ MIB = 2**20
 @dataclasses.dataclass(frozen=True)
 class Generation:
     """Per-chip facts of one TPU generation (one JAX device = one chip in these configs).
-
-    `vmem_bytes` is per TensorCore (Mosaic kernels see one core's VMEM, also under megacore);
-    `default_scoped_vmem_bytes` is what a kernel may use without `vmem_limit_bytes`.
-    """
+    `vmem_bytes` is per TensorCore (Mosaic kernels see one core's VMEM, also under megacore)."""
 
     name: str
     device_kind: str
@@ -37,18 +33,15 @@ class Generation:
     cores_per_name_unit: int  # Cloud TPU slice names count cores (2) or chips (1)
     hbm_bytes: int
     vmem_bytes: int
-    default_scoped_vmem_bytes: int
-    peak_bf16_flops: float
 
 
-# HBM as the chips have it; VMEM and peak bf16 FLOP/s as jax's Pallas TPU table lists them
-# (jax/_src/pallas/mosaic/tpu_info.py, checked for jax 0.10.2). Default scoped VMEM: the
-# compiler's limit, seen as "limit 16.00M" in v5e CompileTimeScopedVmemOom errors.
+# HBM as the chips have it; VMEM as jax's Pallas TPU table lists it
+# (jax/_src/pallas/mosaic/tpu_info.py, checked for jax 0.10.2).
 GENERATIONS: dict[str, Generation] = {
-    "v4": Generation("v4", "TPU v4", 3, True, 2, 32 * GIB, 16 * MIB, 16 * MIB, 275e12),
-    "v5e": Generation("v5e", "TPU v5 lite", 2, False, 1, 16 * GIB, 128 * MIB, 16 * MIB, 197e12),
-    "v5p": Generation("v5p", "TPU v5", 3, True, 2, 95 * GIB, 64 * MIB, 16 * MIB, 459e12),
-    "v6e": Generation("v6e", "TPU v6 lite", 2, False, 1, 32 * GIB, 128 * MIB, 32 * MIB, 918e12),
+    "v4": Generation("v4", "TPU v4", 3, True, 2, 32 * GIB, 16 * MIB),
+    "v5e": Generation("v5e", "TPU v5 lite", 2, False, 1, 16 * GIB, 128 * MIB),
+    "v5p": Generation("v5p", "TPU v5", 3, True, 2, 95 * GIB, 64 * MIB),
+    "v6e": Generation("v6e", "TPU v6 lite", 2, False, 1, 32 * GIB, 128 * MIB),
 }
 # Spellings accepted before ':' / '-' in a target name (libtpu's topologies use the names above).
 _ALIASES = {"v4": "v4", "v5e": "v5e", "v5litepod": "v5e", "v5lite": "v5e", "v5p": "v5p",
@@ -57,11 +50,8 @@ _ALIASES = {"v4": "v4", "v5e": "v5e", "v5litepod": "v5e", "v5lite": "v5e", "v5p"
 
 @dataclasses.dataclass(frozen=True)
 class TpuTarget:
-    """One TPU slice to compile for.
-
-    `topology` is libtpu's name (`v5e:4x4`); `chip_config` is `megacore` or `default`;
-    `chips_per_host_bounds` is the per-host chip block (x, y, z); `num_chips` = devices.
-    """
+    """One TPU slice to compile for: `topology` is libtpu's name (`v5e:4x4`), `chip_config`
+    `megacore` or `default`, `chips_per_host_bounds` the per-host chip block (x, y, z)."""
 
     name: str
     generation: Generation
@@ -79,10 +69,6 @@ class TpuTarget:
     def hbm_bytes(self) -> int:
         """HBM per device (= per chip)."""
         return self.generation.hbm_bytes
-
-    @property
-    def vmem_bytes(self) -> int:
-        return self.generation.vmem_bytes
 
     def describe(self) -> str:
         g = self.generation
@@ -144,25 +130,18 @@ def parse_target(name: str, num_slices: int = 1) -> TpuTarget:
                      chips_per_host_bounds=host, num_slices=num_slices, shape=shape)
 
 
-def _require_libtpu() -> None:
+def target_devices(name: str | TpuTarget, num_slices: int = 1) -> list:
+    """The compile-only `jax.Device`s of a TPU target (libtpu; works on a CPU-only host). Set
+    `JAX_PLATFORMS=cpu` before jax initialises so jax does not look for a local TPU. Raises
+    RuntimeError naming `make install-aot` when libtpu is missing."""
+    target = name if isinstance(name, TpuTarget) else parse_target(name, num_slices)
     try:
         import libtpu  # noqa: F401
     except ImportError as err:
-        raise RuntimeError(
-            "compiling for TPU needs libtpu (the real XLA:TPU + Mosaic compiler, no TPU "
-            "required): run `make install-aot` (creates .venv-aot from requirements-aot.txt) or "
-            "`pip install -r requirements-aot.txt`, then use that environment's python"
-        ) from err
-
-
-def target_devices(name: str | TpuTarget, num_slices: int = 1) -> list:
-    """The compile-only `jax.Device`s of a TPU target (libtpu; works on a CPU-only host).
-
-    Set `JAX_PLATFORMS=cpu` before jax initialises so jax does not look for a local TPU.
-    Raises RuntimeError naming `make install-aot` when libtpu is missing.
-    """
-    target = name if isinstance(name, TpuTarget) else parse_target(name, num_slices)
-    _require_libtpu()
+        raise RuntimeError("compiling for TPU needs libtpu (the real XLA:TPU + Mosaic compiler, "
+                           "no TPU required): run `make install-aot` (creates .venv-aot from "
+                           "requirements-aot.txt) or `pip install -r requirements-aot.txt`, "
+                           "then use that environment's python") from err
     from jax.experimental import topologies
 
     topo = topologies.get_topology_desc(

@@ -5,36 +5,14 @@
         --gin_file gin/models/t5_1_1_base.gin
     python -m t5x_like.convert --from ours --to hf --input runs/my_run --output hf_dir/
 
-Inputs (`--input`):
-- `hf`: a directory with `config.json` + `model.safetensors` (or a sharded index), or a
-  `.safetensors` file next to its `config.json` (`--hf_config` to point elsewhere);
-- `t5x` / `ours`: a parameter tree as an orbax/flax PyTree directory (a T5X or t5x_like train
-  state is fine: `target` / `params` are picked out), a t5x_like model dir or checkpoint step
-  dir (latest step), a `.npz` with '/'-joined paths, a `.msgpack` (flax) or a `.safetensors`
-  file with '/'-joined names. Unscanned or scanned layouts (T5X: layer axis `--scan_axis`,
-  default 1 as T5X's `param_scan_axis`; ours: axis 0).
-  Legacy T5X tensorstore checkpoints (msgpack `checkpoint` file + zarr arrays) are not read:
-  restore them with T5X and save the `target` tree with orbax first.
-
-Model config: `--gin_file` / `--gin.TransformerConfig.x=...` bindings; else the `config.gin`
-of a t5x_like model dir; else inferred from the tree (`config_from_t5x`) or the HF config.
-For `--from hf` gin bindings override non-structural fields (dtype, scan_layers, dropout...).
-
-Outputs (`--output`):
-- `ours`: `OUT/params` (orbax PyTree of the parameter tree, what `train.init_params_path`
-  loads) + `OUT/config.gin` (the model's bindings, `train.init_params_path` and
-  `train.vocabulary`). The vocabulary is `--vocabulary` (a known name, or a SentencePiece
-  `.model`, copied to `OUT/spiece.model`), else the HF input's `spiece.model` (copied), else the
-  gin config's `train.vocabulary`; with none of them the conversion is refused (`--vocabulary
-  none` writes no vocabulary: infer / evaluate then need `--gin.train.vocabulary`), as it is
-  when the vocabulary has more ids than the embedding has rows. `OUT` is usable as is:
-  `python -m t5x_like.infer --checkpoint=OUT`, `python -m t5x_like.evaluate
-  --checkpoint=OUT`, or `--gin_file=OUT/config.gin` to fine-tune from it; with an
-  `.npz` / `.msgpack` OUT the params go to that file and the bindings to `OUT` minus the
-  suffix + `.gin`;
-- `t5x`: the T5X tree as an orbax PyTree directory, `.npz` or `.msgpack` (`--t5x_scan_layers`
-  to stack layers along `--scan_axis`);
-- `hf`: `OUT/config.json` + `OUT/model.safetensors` (loads with `from_pretrained`).
+Inputs, model config and outputs are documented in docs/models.md (weights from Hugging Face
+or T5X) and docs/inference.md (converted checkpoints). Beyond them: `--hf_config` points at an
+HF `config.json` not beside `--input`; our own scanned trees stack layers on axis 0, T5X's on
+`--scan_axis` (T5X's `param_scan_axis`); for `--from hf` gin bindings override non-structural
+fields only (dtype, scan_layers, dropout...). `--to ours` with an `.npz` / `.msgpack` OUT writes
+the params to that file and the bindings to OUT minus the suffix + `.gin` (no vocabulary copy);
+`--to t5x` writes an orbax PyTree directory, `.npz` or `.msgpack` (`--t5x_scan_layers` stacks
+the layers along `--scan_axis`).
 """
 
 from __future__ import annotations
@@ -131,19 +109,20 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str]) -> dict[str, Any]:
 def gin_text(config: TransformerConfig, params_path: str | None, source: str,
              vocabulary: str | None = None) -> str:
     """Gin bindings reproducing `config` (every field), pointing the trainer at the params and,
-    when known, at the checkpoint's own SentencePiece vocabulary."""
+    when known, at the checkpoint's own vocabulary (a `.model` path made absolute)."""
     lines = [f"# Converted by `python -m t5x_like.convert` from {source}.",
              "# Fine-tune: python -m t5x_like.train --gin_file=<run>.gin --gin_file=<this file>",
              "# Decode: python -m t5x_like.infer --checkpoint=<this dir> ...",
              "import t5x_like.models", ""]
     for field in dataclasses.fields(config):
         lines.append(f"TransformerConfig.{field.name} = {getattr(config, field.name)!r}")
-    lines.append("make_model.config = @TransformerConfig()")
-    lines.append("train.model = @make_model()")
+    lines += ["make_model.config = @TransformerConfig()", "train.model = @make_model()"]
     if params_path is not None:
         lines.append(f"train.init_params_path = {os.path.abspath(params_path)!r}")
     if vocabulary is not None:
-        lines.append(f"train.vocabulary = {_vocabulary_binding(vocabulary)!r}")
+        if _is_vocabulary_file(vocabulary):
+            vocabulary = os.path.abspath(os.path.expanduser(vocabulary))
+        lines.append(f"train.vocabulary = {vocabulary!r}")
     return "\n".join(lines) + "\n"
 
 
@@ -151,11 +130,6 @@ def _is_vocabulary_file(name: str) -> bool:
     from t5x_like.data.vocab import KNOWN_VOCABULARIES
 
     return name not in KNOWN_VOCABULARIES
-
-
-def _vocabulary_binding(name: str) -> str:
-    """A known vocabulary name as is; a `.model` path made absolute."""
-    return os.path.abspath(os.path.expanduser(name)) if _is_vocabulary_file(name) else name
 
 
 def bound_vocabulary() -> str | None:
@@ -251,15 +225,15 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
         write_tree(interop.to_t5x(params, config, scan_layers=args.t5x_scan_layers,
                                   scan_axis=args.scan_axis), out)
     else:
-        if out.endswith((".npz", ".msgpack")):
+        to_file = out.endswith((".npz", ".msgpack"))
+        if to_file:
             params_path, gin_path = out, os.path.splitext(out)[0] + ".gin"
         else:
             os.makedirs(out, exist_ok=True)
             params_path = os.path.join(out, CONVERTED_PARAMS_SUBDIR)
             gin_path = os.path.join(out, "config.gin")
         write_tree(params, params_path)
-        if (vocabulary is not None and _is_vocabulary_file(vocabulary)
-                and not out.endswith((".npz", ".msgpack"))):
+        if vocabulary is not None and _is_vocabulary_file(vocabulary) and not to_file:
             vocabulary = shutil.copy(vocabulary, os.path.join(out, HF_SENTENCEPIECE))
         with open(gin_path, "w", encoding="utf-8") as f:
             f.write(gin_text(config, params_path, f"{args.source}:{args.input}", vocabulary))
@@ -270,10 +244,8 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m t5x_like.convert",
-        description="Convert checkpoints between T5X, Hugging Face and t5x_like.",
-    )
+    p = argparse.ArgumentParser(prog="python -m t5x_like.convert", description=(
+        "Convert checkpoints between T5X, Hugging Face and t5x_like."))
     p.add_argument("--from", dest="source", required=True, choices=("t5x", "hf", "ours"))
     p.add_argument("--to", dest="target", required=True, choices=("ours", "t5x", "hf"))
     p.add_argument("--input", required=True, help="checkpoint to read")

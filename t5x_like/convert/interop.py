@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,12 @@ _T5_ACTS = {("relu",): "relu", ("gelu",): "gelu_new", ("silu",): "silu",
 _T5_ACTS_IN = {**{v: k for k, v in _T5_ACTS.items()}, "gated-gelu_new": ("gelu", "linear")}
 _LLAMA_ACTS = {"silu": "silu", "gelu": "gelu_pytorch_tanh", "relu": "relu"}
 _LLAMA_ACTS_IN = {"silu": "silu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
+_QKVO = tuple(zip("qkvo", ("query", "key", "value", "out"), strict=True))
 
 
-# ---------------------------------------------------------------------------------------------
-# T5X
-# ---------------------------------------------------------------------------------------------
+# --- T5X -----------------------------------------------------------------------------------
 def _strip_wrappers(tree: Any) -> Any:
-    """A T5X train state `{'target': ...}` / `{'optimizer': {'target': ...}}` / `{'params': ...}`
-    -> the parameter tree."""
+    """A T5X train state (`target`, `optimizer/target` or `params`) -> its parameter tree."""
     for _ in range(3):
         if not isinstance(tree, Mapping):
             break
@@ -121,9 +119,7 @@ def config_from_t5x(tree: Any, *, scan_axis: int = 1, **overrides: Any) -> Trans
     return TransformerConfig(**fields)
 
 
-def from_t5x(
-    tree: Any, config: TransformerConfig | None = None, *, scan_axis: int = 1
-) -> Params:
+def from_t5x(tree: Any, config: TransformerConfig | None = None, *, scan_axis: int = 1) -> Params:
     """T5X parameter tree -> our params for `config` (inferred by `config_from_t5x` if None).
 
     Scanned trees (`encoder/layers/...`) are unstacked along `scan_axis`; our own layout
@@ -136,14 +132,8 @@ def from_t5x(
     return param_tree.to_ours(canonical, config, "T5X tree")
 
 
-def to_t5x(
-    params: Any,
-    config: TransformerConfig | None = None,
-    *,
-    scan_layers: bool = False,
-    scan_axis: int = 1,
-    flat: bool = False,
-) -> dict[str, Any]:
+def to_t5x(params: Any, config: TransformerConfig | None = None, *, scan_layers: bool = False,
+           scan_axis: int = 1, flat: bool = False) -> dict[str, Any]:
     """Our params -> a T5X tree (nested, or flat '/'-keyed with `flat=True`).
 
     Unscanned `layers_N` by default (T5X's `examples/t5` layout); `scan_layers=True` stacks
@@ -157,9 +147,7 @@ def to_t5x(
     return canonical if flat else param_tree.unflatten(canonical)
 
 
-# ---------------------------------------------------------------------------------------------
-# Hugging Face: name tables (HF name, canonical T5X name, transpose?)
-# ---------------------------------------------------------------------------------------------
+# --- Hugging Face: name tables (HF name, canonical T5X name, transpose?) -------------------
 def _mlp_names(config: TransformerConfig) -> list[str]:
     acts = config.mlp_activations
     return (["wi"] if len(acts) == 1 else [f"wi_{i}" for i in range(len(acts))]) + ["wo"]
@@ -180,14 +168,12 @@ def _t5_names(config: TransformerConfig) -> list[tuple[str, str, bool]]:
         for i in range(n):
             hf, ours = f"{stack}.block.{i}.layer", f"{stack}/layers_{i}"
             for j, (hf_mod, our_mod, norm) in enumerate(blocks):
-                for a, b in zip("qkvo", ("query", "key", "value", "out"), strict=True):
-                    names.append((f"{hf}.{j}.{hf_mod}.{a}.weight", f"{ours}/{our_mod}/{b}/kernel",
-                                  True))
+                names += [(f"{hf}.{j}.{hf_mod}.{a}.weight", f"{ours}/{our_mod}/{b}/kernel", True)
+                          for a, b in _QKVO]
                 names.append((f"{hf}.{j}.layer_norm.weight", f"{ours}/{norm}/scale", False))
             j = len(blocks)
-            for w in _mlp_names(config):
-                names.append((f"{hf}.{j}.DenseReluDense.{w}.weight", f"{ours}/mlp/{w}/kernel",
-                              True))
+            names += [(f"{hf}.{j}.DenseReluDense.{w}.weight", f"{ours}/mlp/{w}/kernel", True)
+                      for w in _mlp_names(config)]
             names.append((f"{hf}.{j}.layer_norm.weight", f"{ours}/pre_mlp_layer_norm/scale", False))
         names.append((f"{stack}.final_layer_norm.weight", f"{stack}/{stack}_norm/scale", False))
     if not config.logits_via_embedding:
@@ -202,11 +188,9 @@ def _llama_names(config: TransformerConfig) -> list[tuple[str, str, bool]]:
     mlp = {"gate_proj": "wi_0", "up_proj": "wi_1", "down_proj": "wo"}
     for i in range(config.num_decoder_layers):
         hf, ours = f"model.layers.{i}", f"decoder/layers_{i}"
-        for a, b in zip("qkvo", ("query", "key", "value", "out"), strict=True):
-            names.append((f"{hf}.self_attn.{a}_proj.weight", f"{ours}/self_attention/{b}/kernel",
-                          True))
-        for a, b in mlp.items():
-            names.append((f"{hf}.mlp.{a}.weight", f"{ours}/mlp/{b}/kernel", True))
+        names += [(f"{hf}.self_attn.{a}_proj.weight", f"{ours}/self_attention/{b}/kernel", True)
+                  for a, b in _QKVO]
+        names += [(f"{hf}.mlp.{a}.weight", f"{ours}/mlp/{b}/kernel", True) for a, b in mlp.items()]
         names.append((f"{hf}.input_layernorm.weight",
                       f"{ours}/pre_self_attention_layer_norm/scale", False))
         names.append((f"{hf}.post_attention_layernorm.weight", f"{ours}/pre_mlp_layer_norm/scale",
@@ -214,9 +198,7 @@ def _llama_names(config: TransformerConfig) -> list[tuple[str, str, bool]]:
     return names
 
 
-# ---------------------------------------------------------------------------------------------
-# Hugging Face: configs
-# ---------------------------------------------------------------------------------------------
+# --- Hugging Face: configs -----------------------------------------------------------------
 def _model_type(hf_cfg: Mapping[str, Any]) -> str:
     model_type = hf_cfg.get("model_type")
     archs = hf_cfg.get("architectures") or []
@@ -229,12 +211,6 @@ def _model_type(hf_cfg: Mapping[str, Any]) -> str:
         f"{archs}; supported: T5ForConditionalGeneration (model_type {HF_T5_TYPES}) and "
         f"LlamaForCausalLM (model_type {HF_LLAMA_TYPES})"
     )
-
-
-def _t5_scales_output(hf_cfg: Mapping[str, Any]) -> bool:
-    """HF T5 multiplies decoder outputs by d_model**-0.5 before a tied head (v1.0)."""
-    scale = hf_cfg.get("scale_decoder_outputs")  # transformers >= 5
-    return bool(hf_cfg.get("tie_word_embeddings", True) if scale is None else scale)
 
 
 def _rope_settings(hf_cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,15 +234,18 @@ def config_from_hf(hf_cfg: Mapping[str, Any], **overrides: Any) -> TransformerCo
         if proj not in _T5_ACTS_IN:
             raise ConversionError(f"unsupported T5 feed_forward_proj {proj!r} (supported: "
                                   f"{sorted(_T5_ACTS_IN)}; HF's exact 'gelu' has no match here)")
+        # HF T5 multiplies decoder outputs by d_model**-0.5 before a tied head (v1.0); ours too.
+        scale = hf_cfg.get("scale_decoder_outputs")  # transformers >= 5
         fields = dict(
             family=families.ENCODER_DECODER.name, vocab_size=hf_cfg["vocab_size"],
-            emb_dim=hf_cfg["d_model"],
-            num_heads=hf_cfg["num_heads"], head_dim=hf_cfg["d_kv"], mlp_dim=hf_cfg["d_ff"],
-            num_encoder_layers=hf_cfg["num_layers"],
+            emb_dim=hf_cfg["d_model"], num_heads=hf_cfg["num_heads"], head_dim=hf_cfg["d_kv"],
+            mlp_dim=hf_cfg["d_ff"], num_encoder_layers=hf_cfg["num_layers"],
             num_decoder_layers=hf_cfg.get("num_decoder_layers") or hf_cfg["num_layers"],
             mlp_activations=_T5_ACTS_IN[proj], dropout_rate=hf_cfg.get("dropout_rate", 0.1),
-            logits_via_embedding=_t5_scales_output(hf_cfg), position_encoding="relative",
-            norm="rmsnorm", layer_norm_epsilon=hf_cfg.get("layer_norm_epsilon", 1e-6),
+            logits_via_embedding=bool(hf_cfg.get("tie_word_embeddings", True)
+                                      if scale is None else scale),
+            position_encoding="relative", norm="rmsnorm",
+            layer_norm_epsilon=hf_cfg.get("layer_norm_epsilon", 1e-6),
             relative_attention_num_buckets=hf_cfg.get("relative_attention_num_buckets", 32),
             relative_attention_max_distance=hf_cfg.get("relative_attention_max_distance", 128),
         )
@@ -342,9 +321,8 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
             tie_word_embeddings=config.logits_via_embedding, is_encoder_decoder=True,
             pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
         )
-    rope: dict[str, Any] = {"rope_theta": config.rope_base, "rope_type": "default"}
-    if config.rope_scaling == "linear":
-        rope.update(rope_type="linear", factor=config.rope_scaling_factor)
+    scaling = (None if config.rope_scaling == "none" else
+               {"rope_type": "linear", "factor": config.rope_scaling_factor})
     return dict(
         architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=config.vocab_size,
         hidden_size=config.emb_dim, intermediate_size=config.mlp_dim,
@@ -352,18 +330,15 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
         num_key_value_heads=config.kv_heads, head_dim=config.head_dim,
         hidden_act=_LLAMA_ACTS[config.mlp_activations[0]],
         max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.layer_norm_epsilon, rope_theta=config.rope_base,
-        rope_scaling=None if config.rope_scaling == "none" else
-        {"rope_type": "linear", "factor": config.rope_scaling_factor},
-        rope_parameters=rope, attention_bias=False, mlp_bias=False,
+        rms_norm_eps=config.layer_norm_epsilon, rope_theta=config.rope_base, rope_scaling=scaling,
+        rope_parameters={"rope_theta": config.rope_base, **(scaling or {"rope_type": "default"})},
+        attention_bias=False, mlp_bias=False,
         attention_dropout=config.dropout_rate, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=None, eos_token_id=1,
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Hugging Face: weights
-# ---------------------------------------------------------------------------------------------
+# --- Hugging Face: weights -----------------------------------------------------------------
 def _require(module: str):
     """Imports an optional (test-only) dependency, with an actionable error when missing."""
     import importlib
@@ -414,10 +389,7 @@ def load_hf(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         paths = [os.path.join(path, f) for f in files]
     else:
         paths = [path]
-    state: dict[str, np.ndarray] = {}
-    for p in paths:
-        state.update(load_file(p))
-    return state, _config_dict(config_path)
+    return {k: v for p in paths for k, v in load_file(p).items()}, _config_dict(config_path)
 
 
 def _resolve_hf(source: Any, hf_cfg: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -432,16 +404,21 @@ def _resolve_hf(source: Any, hf_cfg: Any) -> tuple[dict[str, np.ndarray], dict[s
     raise ConversionError(f"cannot read a Hugging Face checkpoint from {type(source).__name__}")
 
 
-def _pop_tied(state: dict[str, np.ndarray], names: list[str], reference: str) -> None:
+def _t5_tied(config: TransformerConfig) -> tuple[str, ...]:
+    """HF T5's copies of `shared.weight`: the stacks' embeddings, and the head when tied."""
+    head = ("lm_head.weight",) if config.logits_via_embedding else ()
+    return ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", *head)
+
+
+def _pop_tied(state: dict[str, np.ndarray], names: Sequence[str], reference: str) -> None:
     """Removes HF's copies of a tied matrix, checking they really equal `reference`."""
     for name in names:
         if name in state and not np.array_equal(state.pop(name), state[reference]):
             raise ConversionError(f"{name} differs from {reference}, but this model ties them")
 
 
-def from_hf(
-    source: Any, hf_config: Any = None, **overrides: Any
-) -> tuple[TransformerConfig, Params]:
+def from_hf(source: Any, hf_config: Any = None,
+            **overrides: Any) -> tuple[TransformerConfig, Params]:
     """Hugging Face T5 / Llama checkpoint -> (our config, our params).
 
     `source`: a `transformers` model, a state dict (torch tensors or numpy arrays, with
@@ -452,15 +429,12 @@ def from_hf(
     """
     state, cfg_dict = _resolve_hf(source, hf_config)
     config = config_from_hf(cfg_dict, **overrides)
-    state = dict(state)
     if _model_type(cfg_dict) == "t5":
-        _pop_tied(state, ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
-                  "shared.weight")
+        _pop_tied(state, _t5_tied(config), "shared.weight")
         # Unused table some old checkpoints carry (HF ignores it too).
         state.pop("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight", None)
-        if config.logits_via_embedding:
-            _pop_tied(state, ["lm_head.weight"], "shared.weight")
-        elif "lm_head.weight" not in state:  # untied config, head stored once (tied files)
+        if not config.logits_via_embedding and "lm_head.weight" not in state:
+            # untied config, head stored once (tied files)
             state["lm_head.weight"] = state["shared.weight"]
         names = _t5_names(config)
     else:
@@ -498,11 +472,8 @@ def to_hf(config: TransformerConfig, params: Any) -> dict[str, np.ndarray]:
         state[hf_name] = np.ascontiguousarray(value.T if transpose else value)
     if canonical:
         raise ConversionError(f"parameters with no Hugging Face equivalent: {sorted(canonical)}")
-    if kind == "t5":
-        for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") + (
-            ("lm_head.weight",) if config.logits_via_embedding else ()
-        ):
-            state[name] = state["shared.weight"]
+    for name in _t5_tied(config) if kind == "t5" else ():
+        state[name] = state["shared.weight"]
     return state
 
 
@@ -511,11 +482,8 @@ def save_hf(config: TransformerConfig, params: Any, directory: str) -> None:
     save_file = _require("safetensors.numpy").save_file
     os.makedirs(directory, exist_ok=True)
     state = to_hf(config, params)
-    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-        state.pop(name, None)
-    if _hf_kind(config) == "t5" and config.logits_via_embedding:
-        state.pop("lm_head.weight")
-    save_file({k: np.ascontiguousarray(v) for k, v in state.items()},
+    tied = _t5_tied(config) if _hf_kind(config) == "t5" else ()
+    save_file({k: np.ascontiguousarray(v) for k, v in state.items() if k not in tied},
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config(config), f, indent=2)

@@ -114,12 +114,9 @@ def ours_to_canonical(flat: Flat, config: TransformerConfig | None = None) -> Fl
     The layout is `config`'s, or read off the tree when None (scanned: a `layers` module;
     shared encoder-decoder: a `decoder/encoder_norm`).
     """
-    if config is None:
-        scanned = is_scanned(flat)
-        shared = any(p.startswith("decoder/encoder_norm/") for p in flat)
-    else:
-        scanned = config.scan_layers
-        shared = config.shares_layers
+    scanned = is_scanned(flat) if config is None else config.scan_layers
+    shared = (any(p.startswith("decoder/encoder_norm/") for p in flat) if config is None
+              else config.shares_layers)
     flat = unscan(flat, 0) if scanned else dict(flat)
     if not shared:
         return flat
@@ -145,21 +142,17 @@ def canonical_to_ours(flat: Flat, config: TransformerConfig) -> Flat:
         for path in [p for p in flat if p.startswith("encoder/")]:
             value = flat.pop(path)
             m = _LAYER.match(path)
+            sub, rest = (m[3] if m else path.split("/", 1)[1]).split("/", 1)
+            if sub not in (SHARED_LAYER_NAMES if m else SHARED_STACK_NAMES):
+                raise ConversionError(f"unknown parameter {path!r} for a shared enc-dec")
             if m is None:
-                sub, rest = path.split("/", 2)[1:]
-                if sub not in SHARED_STACK_NAMES:
-                    raise ConversionError(f"unknown parameter {path!r} for a shared enc-dec")
                 flat[f"decoder/{SHARED_STACK_NAMES[sub]}/{rest}"] = value
                 continue
-            sub, rest = m[3].split("/", 1)
-            if sub not in SHARED_LAYER_NAMES:
-                raise ConversionError(f"unknown parameter {path!r} for a shared enc-dec")
             twin = f"decoder/layers_{m[2]}/{SHARED_LAYER_NAMES[sub]}/{rest}"
             if twin in flat and not np.array_equal(flat[twin], value):
-                raise ConversionError(
-                    f"{path} differs from {twin}: shared_encoder_decoder=True needs identical "
-                    "encoder and decoder weights; convert with shared_encoder_decoder=False"
-                )
+                raise ConversionError(f"{path} differs from {twin}: shared_encoder_decoder=True "
+                                      "needs identical encoder and decoder weights; convert "
+                                      "with shared_encoder_decoder=False")
             flat.setdefault(twin, value)
     return scan(flat, 0) if config.scan_layers else flat
 

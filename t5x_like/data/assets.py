@@ -179,11 +179,9 @@ def _fetch_into(asset: Asset, tmp: Path, dest: Path) -> Path:
 
 
 def fetch(name: str, root: str | os.PathLike | None = None, *, log=print) -> Path:
-    """Return the local path of asset `name`, fetching and verifying it first if needed.
-
-    A cached file is re-hashed on every call (a few ms); one that fails its checksum is
-    replaced by a fresh fetch. Raises AssetError naming the asset and the manual fix.
-    """
+    """The local path of asset `name`, fetched and verified first if needed. A cached file is
+    re-hashed on every call (a few ms); one that fails its checksum is replaced by a fresh
+    fetch. Raises AssetError naming the asset and the manual fix."""
     dest = asset_path(name, root)
     asset = ASSETS[name]
     if dest.is_file():

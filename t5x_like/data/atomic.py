@@ -65,10 +65,8 @@ def build_dir(dest: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def write_file(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `dest` to write; on success it replaces `dest`.
-
-    On an exception the temporary file is removed and `dest` is left as it was.
-    """
+    """Yield a temporary path beside `dest` to write; on success it replaces `dest`, on an
+    exception it is removed and `dest` is left as it was."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")

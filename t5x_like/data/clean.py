@@ -163,13 +163,11 @@ class SpanDeduplicator:
         return hashlib.blake2b(joined.encode("utf-8"), digest_size=8).digest()
 
     def dedupe(self, text: str) -> tuple[str, int]:
-        """Cut spans seen before (in earlier pages or earlier in this page).
-
-        Returns (remaining text with its line structure, number of sentences removed).
-        """
-        per_line = [split_sentences(line) for line in text.splitlines()]
-        flat = [(i, j) for i, sents in enumerate(per_line) for j in range(len(sents))]
-        sentences = [per_line[i][j] for i, j in flat]
+        """Cut spans seen before (in earlier pages or earlier in this page); returns (the
+        remaining text, its line structure kept, the number of sentences removed)."""
+        numbered = [(i, sentence) for i, line in enumerate(text.splitlines())
+                    for sentence in split_sentences(line)]
+        sentences = [sentence for _, sentence in numbered]
         drop = [False] * len(sentences)
         for start in range(len(sentences) - self.span + 1):
             key = self._key(sentences[start:start + self.span])
@@ -180,20 +178,17 @@ class SpanDeduplicator:
         if not any(drop):
             return text, 0
         lines: dict[int, list[str]] = collections.defaultdict(list)
-        for (i, _), sentence, dropped in zip(flat, sentences, drop, strict=True):
+        for (i, sentence), dropped in zip(numbered, drop, strict=True):
             if not dropped:
                 lines[i].append(sentence)
-        kept = [" ".join(lines[i]) for i in sorted(lines)]
-        return "\n".join(kept), sum(drop)
+        return "\n".join(" ".join(lines[i]) for i in sorted(lines)), sum(drop)
 
 
 def clean_documents(docs: Iterable[Document], config: CleanConfig = CleanConfig(),
                     stats: CleanStats | None = None,
                     deduplicator: SpanDeduplicator | None = None) -> Iterator[Document]:
-    """Clean a stream of (id, text) documents with all six rules, deduplicating across it.
-
-    Pass one `deduplicator` to several calls to deduplicate across several streams.
-    """
+    """Clean a stream of (id, text) documents with all six rules, deduplicating across it (or,
+    given one `deduplicator` for several calls, across several streams)."""
     stats = stats if stats is not None else CleanStats()
     dedup = deduplicator
     if dedup is None and config.dedupe_span > 0:

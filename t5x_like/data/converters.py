@@ -47,9 +47,8 @@ def _assign_rows(lengths, caps, fill, nseg, row_of_bin, next_row):
         fits = tf.reduce_all(new_fill <= caps[None, :], axis=1)
         score = tf.reduce_sum(tf.cast(new_fill, tf.float32) / caps_f, axis=1)
         best = tf.argmax(tf.where(fits, score, -1.0), output_type=tf.int32)
-        fullest = tf.argmax(
-            tf.reduce_sum(tf.cast(fill, tf.float32) / caps_f, axis=1), output_type=tf.int32
-        )
+        fullest = tf.argmax(tf.reduce_sum(tf.cast(fill, tf.float32) / caps_f, axis=1),
+                            output_type=tf.int32)
         any_fit = tf.reduce_any(fits)
         b = tf.where(any_fit, best, fullest)
         reuse = tf.logical_and(any_fit, row_of_bin[b] >= 0)
@@ -62,10 +61,8 @@ def _assign_rows(lengths, caps, fill, nseg, row_of_bin, next_row):
         fill = tf.tensor_scatter_nd_update(fill, [[b]], [tf.where(closed, 0 * end, end)])
         nseg = tf.tensor_scatter_nd_update(nseg, [[b]], [tf.where(closed, 0, seg)])
         row_of_bin = tf.tensor_scatter_nd_update(row_of_bin, [[b]], [tf.where(closed, -1, row)])
-        return (
-            i + 1, fill, nseg, row_of_bin, next_row,
-            rows.write(i, row), offsets.write(i, start), segments.write(i, seg),
-        )
+        return (i + 1, fill, nseg, row_of_bin, next_row,
+                rows.write(i, row), offsets.write(i, start), segments.write(i, seg))
 
     init = (
         tf.constant(0), fill, nseg, row_of_bin, next_row,
@@ -74,8 +71,7 @@ def _assign_rows(lengths, caps, fill, nseg, row_of_bin, next_row):
         tf.TensorArray(tf.int32, size=num_examples, element_shape=[]),
     )
     _, fill, nseg, row_of_bin, num_rows, rows, offsets, segments = tf.while_loop(
-        lambda i, *_: i < num_examples, body, init
-    )
+        lambda i, *_: i < num_examples, body, init)
     offsets = tf.reshape(offsets.stack(), tf.shape(lengths))
     return rows.stack(), offsets, segments.stack(), num_rows, fill, nseg, row_of_bin
 
@@ -98,8 +94,7 @@ def _pack_step(keys: list[str], caps: list[int], names: list[str], bins: int
             valid = position < batch["_lengths"][:, j : j + 1]
             shape = tf.shape(valid)
             index = tf.stack(
-                [tf.broadcast_to(rows[:, None], shape), offsets[:, j : j + 1] + position], axis=-1
-            )
+                [tf.broadcast_to(rows[:, None], shape), offsets[:, j : j + 1] + position], axis=-1)
             index = tf.boolean_mask(index, valid)
             values = {
                 k: batch[k],
@@ -109,18 +104,15 @@ def _pack_step(keys: list[str], caps: list[int], names: list[str], bins: int
             for name, value in values.items():
                 carried = tf.pad(state[name], [[0, num_rows - bins], [0, 0]])
                 dense[name] = carried + tf.scatter_nd(
-                    index, tf.boolean_mask(value, valid), [num_rows, cap]
-                )
+                    index, tf.boolean_mask(value, valid), [num_rows, cap])
         still_open = tf.logical_and(row_of_bin >= 0, tf.logical_not(batch["_flush"]))
         open_rows = tf.boolean_mask(row_of_bin, still_open)
         is_open = tf.scatter_nd(open_rows[:, None], tf.ones_like(open_rows, tf.bool), [num_rows])
         used = tf.reduce_any(dense[f"{keys[0]}_segment_ids"] > 0, axis=1)
         emit = tf.logical_and(used, tf.logical_not(is_open))
         gather_rows = tf.maximum(row_of_bin, 0)
-        new_state = {
-            name: tf.where(still_open[:, None], tf.gather(dense[name], gather_rows), 0)
-            for name in names
-        }
+        new_state = {name: tf.where(still_open[:, None], tf.gather(dense[name], gather_rows), 0)
+                     for name in names}
         new_state["fill"] = tf.where(still_open[:, None], fill, 0)
         new_state["nseg"] = tf.where(still_open, nseg, 0)
         new_state["open"] = still_open
@@ -129,13 +121,8 @@ def _pack_step(keys: list[str], caps: list[int], names: list[str], bins: int
     return step
 
 
-def pack_dataset(
-    dataset: tf.data.Dataset,
-    feature_lengths: Mapping[str, int],
-    *,
-    window: int = 128,
-    num_open_rows: int = 16,
-) -> tf.data.Dataset:
+def pack_dataset(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int], *,
+                 window: int = 128, num_open_rows: int = 16) -> tf.data.Dataset:
     """Pack variable-length examples into rows of fixed length (with segment ids + positions).
 
     Each feature k in `feature_lengths` (int32 [<= L_k]; longer ones are trimmed to L_k, as
@@ -145,28 +132,27 @@ def pack_dataset(
     window of `window` examples to the next) and are flushed when the input ends. Examples
     whose features are all empty hold no tokens and are dropped. Deterministic.
     """
-    keys = sorted(feature_lengths)
-    caps = [int(feature_lengths[k]) for k in keys]
-    cap_of = {k + suffix: cap for k, cap in zip(keys, caps, strict=True)
+    cap_of_key = {k: int(feature_lengths[k]) for k in sorted(feature_lengths)}
+    keys, caps = list(cap_of_key), list(cap_of_key.values())
+    cap_of = {k + suffix: cap for k, cap in cap_of_key.items()
               for suffix in ("", "_segment_ids", "_positions")}
     names = list(cap_of)
     bins = num_open_rows
 
     def trim(x: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        out = {k: tf.cast(x[k][:cap], tf.int32) for k, cap in zip(keys, caps, strict=True)}
+        out = {k: tf.cast(x[k][:cap], tf.int32) for k, cap in cap_of_key.items()}
         out["_lengths"] = tf.stack([tf.size(out[k]) for k in keys])
         return out
 
     initial = {name: tf.zeros([bins, cap_of[name]], tf.int32) for name in names}
     initial.update(fill=tf.zeros([bins, len(keys)], tf.int32), nseg=tf.zeros([bins], tf.int32),
                    open=tf.zeros([bins], tf.bool))
-    padded_shapes = {k: [cap] for k, cap in zip(keys, caps, strict=True)}
-    padded_shapes["_lengths"] = [len(keys)]
     ds = dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.filter(lambda x: tf.reduce_any(x["_lengths"] > 0))
-    ds = ds.padded_batch(window, padded_shapes=padded_shapes)
+    ds = ds.padded_batch(window, padded_shapes={
+        **{k: [cap] for k, cap in cap_of_key.items()}, "_lengths": [len(keys)]})
     ds = ds.map(lambda b: {**b, "_flush": tf.constant(False)})
-    flush = {k: tf.zeros([0, cap], tf.int32) for k, cap in zip(keys, caps, strict=True)}
+    flush = {k: tf.zeros([0, cap], tf.int32) for k, cap in cap_of_key.items()}
     flush.update(_lengths=tf.zeros([0, len(keys)], tf.int32), _flush=tf.constant(True))
     ds = ds.concatenate(tf.data.Dataset.from_tensors(flush))
     ds = ds.scan(initial, _pack_step(keys, caps, names, bins)).unbatch()
@@ -182,9 +168,8 @@ def pack_dataset(
 class _BestFitPacking:
     """Mixin: replace seqio's next-fit packing with `pack_dataset` (padding path unchanged)."""
 
-    def _pack_or_pad(
-        self, ds: tf.data.Dataset, packed_lengths: Mapping[str, int]
-    ) -> tf.data.Dataset:
+    def _pack_or_pad(self, ds: tf.data.Dataset, packed_lengths: Mapping[str, int]
+                     ) -> tf.data.Dataset:
         if self.pack:
             return pack_dataset(ds, packed_lengths)
         return seqio.utils.trim_and_pad_dataset(ds, packed_lengths)
@@ -231,19 +216,13 @@ _CONVERTERS: dict[tuple[str, bool], type[seqio.FeatureConverter]] = {
 assert {name for name, _ in _CONVERTERS} == set(families.NAMES), "a family has no converter"
 
 
-def get_feature_converter(
-    model_family: str, *, has_inputs: bool = True, pack: bool = True
-) -> seqio.FeatureConverter:
-    """The converter for a model family and a task (with or without an 'inputs' feature).
-
-    encoder_decoder -> EncDecFeatureConverter (needs inputs); prefix_lm ->
-    PrefixLMFeatureConverter (needs inputs); decoder_only -> LMFeatureConverter for
-    targets-only tasks, ConcatLMFeatureConverter for tasks with inputs.
-    """
+def get_feature_converter(model_family: str, *, has_inputs: bool = True, pack: bool = True
+                          ) -> seqio.FeatureConverter:
+    """The converter `_CONVERTERS` registers for a model family and a task (with or without an
+    'inputs' feature); a family other than decoder_only needs inputs."""
     if model_family not in families.NAMES:
         raise ValueError(
-            f"Unknown model_family {model_family!r}; expected one of {families.NAMES}."
-        )
+            f"Unknown model_family {model_family!r}; expected one of {families.NAMES}.")
     cls = _CONVERTERS.get((model_family, has_inputs))
     if cls is None:
         raise ValueError(

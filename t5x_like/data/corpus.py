@@ -46,9 +46,7 @@ C4_TFDS_NAME = "c4/en:3.1.0"
 CLEAN_CONFIG = clean.CleanConfig()
 
 
-# --------------------------------------------------------------------------- source readers
-
-
+# ----------------------------------------------------------------------------- source readers
 def _tar_members(tgz: Path, pattern: str) -> Iterator[tuple[str, bytes]]:
     """(member name, bytes) of the regular files in `tgz` whose names fully match `pattern`."""
     rx = re.compile(pattern)
@@ -119,8 +117,7 @@ _RULE_LINE = re.compile(r"^[\W_]+$")
 def unwrap_paragraphs(text: str) -> str:
     """Join hard-wrapped lines into one line per paragraph; drop quoted ('>') lines and
     everything after a signature delimiter ('-- ')."""
-    paragraphs: list[str] = []
-    current: list[str] = []
+    paragraphs: list[list[str]] = [[]]
     for raw in text.splitlines():
         if raw.rstrip() == "--":
             break
@@ -128,14 +125,10 @@ def unwrap_paragraphs(text: str) -> str:
         if line.startswith(">"):
             continue
         if not line or _RULE_LINE.match(line):
-            if current:
-                paragraphs.append(" ".join(current))
-                current = []
-            continue
-        current.append(line)
-    if current:
-        paragraphs.append(" ".join(current))
-    return "\n".join(paragraphs)
+            paragraphs.append([])
+        else:
+            paragraphs[-1].append(line)
+    return "\n".join(" ".join(lines) for lines in paragraphs if lines)
 
 
 def _decode_part(part: email.message.Message) -> str:
@@ -205,9 +198,7 @@ def iter_brown(tgz: Path) -> Iterator[clean.Document]:
 READERS = {"sotu": iter_sotu, "brown": iter_brown, "spam_assassin": iter_spam_assassin}
 
 
-# --------------------------------------------------------------------------- build
-
-
+# ----------------------------------------------------------------------------- build
 def split_of(doc_id: str) -> str:
     """'validation' for about VALIDATION_PERCENT % of ids (stable hash), else 'train'."""
     bucket = int(hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:8], 16) % 100
@@ -278,11 +269,9 @@ def _tf_errors_as_os_errors() -> Iterator[None]:
 
 
 def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dict:
-    """Fetch the sources, clean, split and write the c4like corpus; returns its stats.
-
-    Writes into a temporary sibling directory renamed into place at the end (`atomic.py`), so
-    an interrupted build never leaves a directory that `is_built` accepts.
-    """
+    """Fetch the sources, clean, split and write the c4like corpus; returns its stats. Written
+    into a temporary sibling directory renamed into place at the end (`atomic.py`), so an
+    interrupted build never leaves a directory that `is_built` accepts."""
     import sentencepiece as spm
     import tensorflow as tf
 
@@ -350,28 +339,24 @@ def iter_split_texts(split: str, data_dir: str | os.PathLike | None = None) -> I
     yield from (record["text"] for record in iter_split_records(split, data_dir))
 
 
-# --------------------------------------------------------------------------- seqio sources
-
-
+# ----------------------------------------------------------------------------- seqio sources
 def _not_prepared(data_dir: str | os.PathLike | None) -> str:
     return (f"the c4like corpus is not prepared under {corpus_dir(data_dir)}. Run "
             "`python -m t5x_like.data.prepare` (add --data_dir DIR, or set $T5X_LIKE_DATA_DIR, "
             "to use another data directory).")
 
 
-def c4_missing_message(tfds_data_dir: str) -> str:
-    return (f"TFDS dataset {C4_TFDS_NAME} is not prepared under {tfds_data_dir} (no "
-            f"{os.path.join(tfds_data_dir, 'c4', 'en', '3.1.0', 'dataset_info.json')}). This "
+def _require_c4(tfds_data_dir: str) -> None:
+    """Raise FileNotFoundError, with the fix, unless TFDS c4/en:3.1.0 is prepared there."""
+    info = os.path.join(tfds_data_dir, "c4", "en", "3.1.0", "dataset_info.json")
+    if not os.path.isfile(info):
+        raise FileNotFoundError(
+            f"TFDS dataset {C4_TFDS_NAME} is not prepared under {tfds_data_dir} (no {info}). This "
             "project never downloads it. Prepare it on a machine with network access and ~1 TB "
             "of scratch space (TFDS's Apache Beam pipeline, e.g. `tfds build c4/en:3.1.0 "
             "--data_dir DIR --beam_pipeline_options=...`), or copy an existing prepared "
             "`c4/en/3.1.0` directory into DIR, then pass --tfds_data_dir DIR (or set "
             "$TFDS_DATA_DIR). The offline default corpus is `c4like`.")
-
-
-def _require_c4(tfds_data_dir: str) -> None:
-    if not os.path.isfile(os.path.join(tfds_data_dir, "c4", "en", "3.1.0", "dataset_info.json")):
-        raise FileNotFoundError(c4_missing_message(tfds_data_dir))
 
 
 def get_source(corpus: str = "c4like", tfds_data_dir: str | None = None, *,

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import functools
 import hashlib
 import json
@@ -137,19 +138,13 @@ _SPECS = {s.name: s for s in (
 SUITE: tuple[str, ...] = tuple(_SPECS)
 
 
-def _unknown(name: str) -> ValueError:
-    import difflib
-
-    close = difflib.get_close_matches(name, SUITE, n=3, cutoff=0.5)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    return ValueError(f"Unknown downstream task {name!r}.{hint} Known: {', '.join(SUITE)}.")
-
-
 def get_spec(name: str) -> DownstreamSpec:
     """The spec of suite task `name` (a ':vocabulary' suffix is ignored)."""
     base = name.partition(":")[0]
     if base not in _SPECS:
-        raise _unknown(name)
+        close = difflib.get_close_matches(name, SUITE, n=3, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ValueError(f"Unknown downstream task {name!r}.{hint} Known: {', '.join(SUITE)}.")
     return _SPECS[base]
 
 
@@ -253,30 +248,27 @@ def _classification_examples(records: Iterable[dict]) -> dict[str, dict[str, lis
         n: {s: [] for s in SPLITS} for n in SUITE
         if n not in ("downstream_cloze", "downstream_word_order")}
 
+    def add(texts: dict[str, str], split_by: dict[str, str], *labelled: tuple) -> None:
+        """Each passage of `texts` as an example of each (task, prompt, labels) in `labelled`."""
+        split = _split_documents(split_by)
+        for d, text in texts.items():
+            for k, passage in enumerate(_passages(text, MIN_WORDS)):
+                for task, prompt, labels in labelled:
+                    out[task][split[d]].append(
+                        {"id": f"{d}#{k}", "inputs": prompt + _clip(passage), "targets": labels[d]})
+
     spam_label = {d: "spam" if d.split("/")[1].startswith("spam") else "ham" for d in spam}
     split = _split_documents(spam_label)
     for d, text in spam.items():
         if len(text.split()) >= MIN_WORDS:
             out["downstream_spam"][split[d]].append(
                 {"id": d, "inputs": "spam or ham: " + _clip(text), "targets": spam_label[d]})
-
     genre = {d: BROWN_GENRES[d.split("/")[1][1]] for d in brown}
-    split = _split_documents(genre)
-    for d, text in brown.items():
-        for k, passage in enumerate(_passages(text, MIN_WORDS)):
-            out["downstream_brown_genre"][split[d]].append(
-                {"id": f"{d}#{k}", "inputs": "genre: " + _clip(passage), "targets": genre[d]})
-
-    year = {d: int(d.split("/")[1][:4]) for d in sotu}
-    decade = {d: f"{y // 10 * 10}s" for d, y in year.items()}
+    add(brown, genre, ("downstream_brown_genre", "genre: ", genre))
+    decade = {d: f"{int(d.split('/')[1][:4]) // 10 * 10}s" for d in sotu}
     party = {d: SOTU_PARTIES.get(d.rsplit("_", 1)[1], "other") for d in sotu}
-    split = _split_documents(decade)
-    for d, text in sotu.items():
-        for k, paragraph in enumerate(_passages(text, MIN_WORDS)):
-            out["downstream_sotu_party"][split[d]].append(
-                {"id": f"{d}#{k}", "inputs": "party: " + _clip(paragraph), "targets": party[d]})
-            out["downstream_sotu_decade"][split[d]].append(
-                {"id": f"{d}#{k}", "inputs": "decade: " + _clip(paragraph), "targets": decade[d]})
+    add(sotu, decade, ("downstream_sotu_party", "party: ", party),
+        ("downstream_sotu_decade", "decade: ", decade))
     return out
 
 
@@ -289,22 +281,32 @@ def _unseen_split(corpus_split: str, doc_id: str, salt: str) -> str:
     return "validation" if _hash(f"{salt}:{doc_id}") % 10 == 0 else "train"
 
 
-def _cloze_examples(records_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """split -> capped cloze examples. Equal to capping all kept windows, but candidates are
-    tried in cap order (lowest id hash first) so only about SPLIT_CAPS windows are checked."""
-    candidates: dict[str, list[tuple[int, str, list[list[str]], int]]] = {s: [] for s in SPLITS}
+def _candidates(records_by_split: dict[str, list[dict]], salt: str,
+                units: Callable[[str], list]) -> dict[str, list[tuple[str, object]]]:
+    """split (`_unseen_split`) -> (example id `doc#k`, k-th unit of the document's text) of
+    every c4like document, in cap order (lowest id hash first)."""
+    out: dict[str, list[tuple[int, str, object]]] = {s: [] for s in SPLITS}
     for corpus_split, records in records_by_split.items():
         for r in records:
-            split = _unseen_split(corpus_split, r["id"], "cloze")
-            sentences = [s.split() for line in r["text"].splitlines()
-                         for s in clean.split_sentences(line)]
-            for end in range(len(sentences)):
-                example_id = f"{r['id']}#{end}"
-                candidates[split].append((_hash("pick:" + example_id), example_id, sentences, end))
+            split = _unseen_split(corpus_split, r["id"], salt)
+            for k, unit in enumerate(units(r["text"])):
+                example_id = f"{r['id']}#{k}"
+                out[split].append((_hash("pick:" + example_id), example_id, unit))
+    return {s: [c[1:] for c in sorted(cs, key=lambda c: (c[0], c[1]))] for s, cs in out.items()}
+
+
+def _sentence_ends(text: str) -> list[tuple[list[list[str]], int]]:
+    """(the text's sentences as word lists, index of one sentence) for every sentence."""
+    sentences = [s.split() for line in text.splitlines() for s in clean.split_sentences(line)]
+    return [(sentences, end) for end in range(len(sentences))]
+
+
+def _cloze_examples(records_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """split -> capped cloze examples. Equal to capping all kept windows, but candidates are
+    tried in cap order so only about SPLIT_CAPS windows are checked."""
     out: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    for split, cands in candidates.items():
-        cands.sort(key=lambda c: (c[0], c[1]))
-        for _, example_id, sentences, end in cands:
+    for split, cands in _candidates(records_by_split, "cloze", _sentence_ends).items():
+        for example_id, (sentences, end) in cands:
             if len(out[split]) == SPLIT_CAPS[split]:
                 break
             pair = _cloze_at(sentences, end)
@@ -328,20 +330,12 @@ def _shuffle_words(words: list[str], key: str) -> list[str] | None:
 
 def _word_order_examples(records_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """split -> capped word-order examples: every passage (`_passages`) of every c4like
-    document is a candidate, `test` from c4like validation documents, `train`/`validation`
-    from train documents hashed 90/10 by document (as the cloze task); candidates are taken in
-    cap order and half of them, by id hash, are shuffled (`_shuffle_words`)."""
-    candidates: dict[str, list[tuple[int, str, str]]] = {s: [] for s in SPLITS}
-    for corpus_split, records in records_by_split.items():
-        for r in records:
-            split = _unseen_split(corpus_split, r["id"], "order")
-            for k, passage in enumerate(_passages(r["text"], MIN_WORDS)):
-                example_id = f"{r['id']}#{k}"
-                candidates[split].append((_hash("pick:" + example_id), example_id, passage))
+    document is a candidate (`_candidates`, split as the cloze task); the first SPLIT_CAPS are
+    taken and half of them, by id hash, are shuffled (`_shuffle_words`)."""
     out: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    for split, cands in candidates.items():
-        cands.sort(key=lambda c: (c[0], c[1]))
-        for _, example_id, passage in cands[:SPLIT_CAPS[split]]:
+    passages = functools.partial(_passages, min_words=MIN_WORDS)
+    for split, cands in _candidates(records_by_split, "order", passages).items():
+        for example_id, passage in cands[:SPLIT_CAPS[split]]:
             words = _clip(passage).split()
             shuffled = _shuffle_words(words, example_id) if _hash(
                 "label:" + example_id) % 2 else None
@@ -436,10 +430,8 @@ def ensure_built(data_dir: str | os.PathLike | None = None) -> dict:
 @functools.lru_cache(maxsize=64)
 def _load(root: str, name: str, split: str) -> tuple[dict[str, str], ...]:
     ensure_built(root)
-    path = downstream_dir(root) / name / f"{split}.jsonl"
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
-    return tuple({"inputs": r["inputs"], "targets": r["targets"]} for r in rows)
+    with open(downstream_dir(root) / name / f"{split}.jsonl", encoding="utf-8") as f:
+        return tuple({"inputs": r["inputs"], "targets": r["targets"]} for r in map(json.loads, f))
 
 
 def load_examples(name: str, split: str,

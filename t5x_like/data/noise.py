@@ -52,20 +52,17 @@ def _tf_num_noise_tokens(length: tf.Tensor, noise_density: float) -> tf.Tensor:
     return tf.where(length < 2, 0, clamped)
 
 
-def _tf_num_noise_spans(
-    length: tf.Tensor, num_noise: tf.Tensor, mean_noise_span_length: float
-) -> tf.Tensor:
+def _tf_num_noise_spans(length: tf.Tensor, num_noise: tf.Tensor,
+                        mean_noise_span_length: float) -> tf.Tensor:
     """TF twin of `num_noise_spans` (scalar int32)."""
-    raw = tf.cast(
-        tf.round(tf.cast(num_noise, tf.float64) / float(mean_noise_span_length)), tf.int32
-    )
+    raw = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / float(mean_noise_span_length)),
+                  tf.int32)
     spans = tf.minimum(tf.maximum(raw, 1), tf.minimum(num_noise, length - num_noise))
     return tf.where(num_noise <= 0, 0, spans)
 
 
-def random_segmentation(
-    num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf.Tensor
-) -> tf.Tensor:
+def random_segmentation(num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf.Tensor
+                        ) -> tf.Tensor:
     """Random composition of `num_items` into `num_segments` positive parts.
 
     Chooses num_segments-1 distinct cut points among the num_items-1 gaps uniformly at random.
@@ -75,32 +72,25 @@ def random_segmentation(
     num_items = tf.convert_to_tensor(num_items, tf.int32)
     num_segments = tf.convert_to_tensor(num_segments, tf.int32)
     gaps = tf.maximum(num_items - 1, 0)
+    num_cuts = tf.maximum(num_segments - 1, 0)
     order = tf.argsort(tf.random.stateless_uniform([gaps], seed=seed))
-    cuts = tf.scatter_nd(
-        order[: tf.maximum(num_segments - 1, 0), None],
-        tf.ones([tf.maximum(num_segments - 1, 0)], tf.int32),
-        [gaps],
-    )
+    cuts = tf.scatter_nd(order[:num_cuts, None], tf.ones([num_cuts], tf.int32), [gaps])
     segment_id = tf.cumsum(tf.concat([[0], cuts], axis=0))[:num_items]
-    return tf.math.bincount(
-        segment_id, minlength=num_segments, maxlength=num_segments, dtype=tf.int32
-    )
+    return tf.math.bincount(segment_id, minlength=num_segments, maxlength=num_segments,
+                            dtype=tf.int32)
 
 
 def iid_noise_mask(length: tf.Tensor, noise_density: float, seed: tf.Tensor) -> tf.Tensor:
     """I.i.d. token mask: `num_noise_tokens(length, density)` uniformly chosen positions.
-
-    Returns bool [length].
-    """
+    Returns bool [length]."""
     length = tf.convert_to_tensor(length, tf.int32)
     num_noise = _tf_num_noise_tokens(length, noise_density)
     order = tf.argsort(tf.random.stateless_uniform([length], seed=seed))
     return tf.scatter_nd(order[:num_noise, None], tf.ones([num_noise], tf.bool), [length])
 
 
-def random_spans_noise_mask(
-    length: tf.Tensor, noise_density: float, mean_noise_span_length: float, seed: tf.Tensor
-) -> tf.Tensor:
+def random_spans_noise_mask(length: tf.Tensor, noise_density: float,
+                            mean_noise_span_length: float, seed: tf.Tensor) -> tf.Tensor:
     """T5's random-span mask (see module docstring). Returns bool [length]."""
     if mean_noise_span_length < 1:
         raise ValueError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
@@ -116,13 +106,9 @@ def random_spans_noise_mask(
     return tf.equal(span_index % 2, 1)
 
 
-def prefix_noise_mask(
-    length: tf.Tensor,
-    seed: tf.Tensor,
-    noise_density: float | None = None,
-    min_noise: tf.Tensor | int = 1,
-    max_noise: tf.Tensor | int | None = None,
-) -> tf.Tensor:
+def prefix_noise_mask(length: tf.Tensor, seed: tf.Tensor, noise_density: float | None = None,
+                      min_noise: tf.Tensor | int = 1, max_noise: tf.Tensor | int | None = None
+                      ) -> tf.Tensor:
     """Prefix-LM split: the suffix is noise. Returns bool [length].
 
     Without `noise_density` the suffix length is uniform over [max(1, min_noise),
@@ -197,13 +183,11 @@ def _prefix_profiles(t: int, density: float | None, _span: float, bounds) -> lis
 
 
 MASKS: dict[str, MaskKind] = {
-    "iid": MaskKind(
-        lambda length, seed, density, _span, _lo, _hi: iid_noise_mask(
-            length, _density("iid", density), seed),
-        _iid_profiles, needs_density=True),
+    "iid": MaskKind(lambda length, seed, density, *_: iid_noise_mask(length, density, seed),
+                    _iid_profiles, needs_density=True),
     "random_spans": MaskKind(
-        lambda length, seed, density, span, _lo, _hi: random_spans_noise_mask(
-            length, _density("random_spans", density), span, seed),
+        lambda length, seed, density, span, *_: random_spans_noise_mask(
+            length, density, span, seed),
         _spans_profiles, needs_density=True),
     "prefix": MaskKind(
         lambda length, seed, density, _span, low, high: prefix_noise_mask(
@@ -212,32 +196,21 @@ MASKS: dict[str, MaskKind] = {
     "full": MaskKind(lambda length, *_: full_noise_mask(length), lambda t, *_: [(t, 1, 0)]),
     "none": MaskKind(lambda length, *_: no_noise_mask(length), lambda t, *_: [(0, 0, 1)]),
 }
-MASK_KINDS = tuple(MASKS)
 
 
 def mask_kind(kind: str) -> MaskKind:
     """The record of `kind`; an unknown name is an error naming the known ones."""
     if kind not in MASKS:
-        raise ValueError(f"Unknown noise mask kind {kind!r}; expected one of {MASK_KINDS}.")
+        raise ValueError(f"Unknown noise mask kind {kind!r}; expected one of {tuple(MASKS)}.")
     return MASKS[kind]
 
 
-def noise_mask(
-    kind: str,
-    length: tf.Tensor,
-    seed: tf.Tensor,
-    *,
-    noise_density: float | None = 0.15,
-    mean_noise_span_length: float = 3.0,
-    min_noise: tf.Tensor | int = 1,
-    max_noise: tf.Tensor | int | None = None,
-) -> tf.Tensor:
-    """The mask of `kind` (one of `MASK_KINDS`) for a chunk of `length`. Returns bool [length]."""
-    return mask_kind(kind).draw(
-        length, seed, noise_density, mean_noise_span_length, min_noise, max_noise)
-
-
-def _density(kind: str, noise_density: float | None) -> float:
-    if noise_density is None or not 0.0 < noise_density < 1.0:
+def noise_mask(kind: str, length: tf.Tensor, seed: tf.Tensor, *,
+               noise_density: float | None = 0.15, mean_noise_span_length: float = 3.0,
+               min_noise: tf.Tensor | int = 1, max_noise: tf.Tensor | int | None = None
+               ) -> tf.Tensor:
+    """The mask of `kind` (a key of `MASKS`) for a chunk of `length`. Returns bool [length]."""
+    record = mask_kind(kind)
+    if record.needs_density and (noise_density is None or not 0.0 < noise_density < 1.0):
         raise ValueError(f"{kind!r} mask needs 0 < noise_density < 1, got {noise_density}")
-    return float(noise_density)
+    return record.draw(length, seed, noise_density, mean_noise_span_length, min_noise, max_noise)

@@ -29,7 +29,6 @@ range. Transforms are vectorised TF ops (no py_function anywhere).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 
 import gin
@@ -38,6 +37,7 @@ import tensorflow as tf
 
 from t5x_like.data import noise
 
+BERT_MASK_RATE, BERT_RANDOM_RATE = 0.8, 0.1  # of noise tokens: -> <extra_id_0>, -> random
 # (tokens int32 [T], noise_mask bool [T], vocab, seed int32 [2]) -> int32 [T'].
 TransformFn = Callable[[tf.Tensor, tf.Tensor, "VocabInfo", tf.Tensor], tf.Tensor]
 
@@ -61,31 +61,26 @@ class VocabInfo:
 
 
 # ----------------------------------------------------------------------------- transforms
-# Each takes (tokens int32 [T], noise_mask bool [T], VocabInfo, seed int32 [2]) and returns
-# int32 [T'] (before EOS). Their lengths are affine in (T, noise tokens n, noise spans s,
-# trailing non-noise t ∈ {0, 1}): `Transform.length` holds (a, b, c, e) for a·T + b·n + c·s + e·t.
-
-
-def _span_starts(mask: tf.Tensor) -> tf.Tensor:
-    """True where a run of True begins. bool [T] -> bool [T]."""
-    previous = tf.concat([[False], mask[:-1]], axis=0)
-    return tf.logical_and(mask, tf.logical_not(previous))
-
-
-def noise_span_to_unique_sentinel(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
-    """Each run of noise tokens -> one sentinel (<extra_id_0>, <extra_id_1>, ... in order)."""
-    del seed
-    starts = _span_starts(noise_mask)
+# Each is a TransformFn (output before EOS); `Transform.length` gives its output length.
+def _runs_to_sentinels(tokens: tf.Tensor, runs: tf.Tensor, keep: tf.Tensor,
+                       vocab: VocabInfo) -> tf.Tensor:
+    """Each run of True in `runs` -> one sentinel (<extra_id_0>, <extra_id_1>, ... in order) in
+    place of its first token; the other tokens are kept where `keep`. All [T]."""
+    starts = tf.logical_and(runs, tf.logical_not(tf.concat([[False], runs[:-1]], axis=0)))
     sentinels = vocab.sentinel(tf.cumsum(tf.cast(starts, tf.int32)) - 1)
     replaced = tf.where(starts, sentinels, tokens)
-    return tf.boolean_mask(replaced, tf.logical_or(tf.logical_not(noise_mask), starts))
+    return tf.boolean_mask(replaced, tf.logical_or(keep, starts))
 
 
-def nonnoise_span_to_unique_sentinel(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
+def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+                                  seed: tf.Tensor) -> tf.Tensor:
+    """Each run of noise tokens -> one sentinel (<extra_id_0>, <extra_id_1>, ... in order)."""
+    del seed
+    return _runs_to_sentinels(tokens, noise_mask, tf.logical_not(noise_mask), vocab)
+
+
+def nonnoise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+                                     seed: tf.Tensor) -> tf.Tensor:
     """Targets for span replacement: <extra_id_k> before the k-th noise run, then its tokens.
 
     Each non-noise run becomes a sentinel, numbered as if the chunk began with a non-noise
@@ -94,31 +89,20 @@ def nonnoise_span_to_unique_sentinel(
     an i.i.d. mask that starts with noise it keeps inputs and targets aligned). A trailing
     non-noise run gives the final sentinel.
     """
-    padded_tokens = tf.concat([[0], tokens], axis=0)
     padded_mask = tf.concat([[False], noise_mask], axis=0)
-    nonnoise = tf.logical_not(padded_mask)
-    starts = _span_starts(nonnoise)
-    sentinels = vocab.sentinel(tf.cumsum(tf.cast(starts, tf.int32)) - 1)
-    replaced = tf.where(starts, sentinels, padded_tokens)
-    return tf.boolean_mask(replaced, tf.logical_or(padded_mask, starts))
+    return _runs_to_sentinels(
+        tf.concat([[0], tokens], axis=0), tf.logical_not(padded_mask), padded_mask, vocab)
 
 
-def noise_token_to_sentinel(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
+def noise_token_to_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+                            seed: tf.Tensor) -> tf.Tensor:
     """Every noise token -> the mask token <extra_id_0> (MASS-style)."""
     del seed
     return tf.where(noise_mask, vocab.sentinel(tf.zeros_like(tokens)), tokens)
 
 
-def noise_token_to_random_token_or_sentinel(
-    tokens: tf.Tensor,
-    noise_mask: tf.Tensor,
-    vocab: VocabInfo,
-    seed: tf.Tensor,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
-) -> tf.Tensor:
+def noise_token_to_random_token_or_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor,
+                                            vocab: VocabInfo, seed: tf.Tensor) -> tf.Tensor:
     """BERT-style: noise tokens -> 80% <extra_id_0>, 10% a random regular token, 10% kept.
 
     Random tokens are uniform over the regular ids [3, vocab_size - extra_ids).
@@ -126,39 +110,31 @@ def noise_token_to_random_token_or_sentinel(
     seeds = tf.random.experimental.stateless_split(seed, 2)
     draw = tf.random.stateless_uniform(tf.shape(tokens), seed=seeds[0])
     random_tokens = tf.random.stateless_uniform(
-        tf.shape(tokens),
-        seed=seeds[1],
-        minval=vocab.first_regular_id,
-        maxval=vocab.vocab_size - vocab.extra_ids,
-        dtype=tf.int32,
-    )
-    to_mask = tf.logical_and(noise_mask, draw < mask_rate)
-    to_random = tf.logical_and(
-        noise_mask, tf.logical_and(draw >= mask_rate, draw < mask_rate + random_rate)
-    )
+        tf.shape(tokens), seed=seeds[1], minval=vocab.first_regular_id,
+        maxval=vocab.vocab_size - vocab.extra_ids, dtype=tf.int32)
+    to_mask = tf.logical_and(noise_mask, draw < BERT_MASK_RATE)
+    to_random = tf.logical_and(noise_mask, tf.logical_and(
+        draw >= BERT_MASK_RATE, draw < BERT_MASK_RATE + BERT_RANDOM_RATE))
     out = tf.where(to_mask, vocab.sentinel(tf.zeros_like(tokens)), tokens)
     return tf.where(to_random, random_tokens, out)
 
 
-def drop_noise_tokens(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
+def drop_noise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+                      seed: tf.Tensor) -> tf.Tensor:
     """Keep only the non-noise tokens (i.i.d. drop inputs; the prefix of prefix LM)."""
     del vocab, seed
     return tf.boolean_mask(tokens, tf.logical_not(noise_mask))
 
 
-def drop_nonnoise_tokens(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
+def drop_nonnoise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+                         seed: tf.Tensor) -> tf.Tensor:
     """Keep only the noise tokens (i.i.d. drop targets; the suffix of prefix LM)."""
     del vocab, seed
     return tf.boolean_mask(tokens, noise_mask)
 
 
-def permute_noise_tokens(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
+def permute_noise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+                         seed: tf.Tensor) -> tf.Tensor:
     """Randomly permute the noise tokens among their positions (deshuffling, with a full mask)."""
     del vocab
     positions = tf.where(noise_mask)
@@ -167,9 +143,8 @@ def permute_noise_tokens(
     return tf.tensor_scatter_nd_update(tokens, positions, tf.gather(values, order))
 
 
-def identity(
-    tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo, seed: tf.Tensor
-) -> tf.Tensor:
+def identity(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
+             seed: tf.Tensor) -> tf.Tensor:
     """The original chunk (targets of BERT/MASS/deshuffling, full LM)."""
     del noise_mask, vocab, seed
     return tokens
@@ -194,13 +169,11 @@ class Transform:
 
 TRANSFORMS: dict[str, Transform] = {
     "noise_span_to_unique_sentinel": Transform(noise_span_to_unique_sentinel, (1, -1, 1, 0), True),
-    "nonnoise_span_to_unique_sentinel": Transform(
-        nonnoise_span_to_unique_sentinel, (0, 1, 1, 1), True
-    ),
+    "nonnoise_span_to_unique_sentinel": Transform(nonnoise_span_to_unique_sentinel, (0, 1, 1, 1),
+                                                  True),
     "noise_token_to_sentinel": Transform(noise_token_to_sentinel, (1, 0, 0, 0), True),
-    "noise_token_to_random_token_or_sentinel": Transform(
-        noise_token_to_random_token_or_sentinel, (1, 0, 0, 0), True
-    ),
+    "noise_token_to_random_token_or_sentinel": Transform(noise_token_to_random_token_or_sentinel,
+                                                         (1, 0, 0, 0), True),
     "drop_noise_tokens": Transform(drop_noise_tokens, (1, -1, 0, 0)),
     "drop_nonnoise_tokens": Transform(drop_nonnoise_tokens, (0, 1, 0, 0)),
     "permute_noise_tokens": Transform(permute_noise_tokens, (1, 0, 0, 0)),
@@ -295,20 +268,17 @@ class Objective:
                 high = minimum(high, budget - a * t - c)
         return low, high
 
-    def _length(self, name: str | None, t: int, profile: tuple[int, int, int]) -> int:
-        if name is None:
-            return 0
-        return TRANSFORMS[name].output_length(t, *profile)
-
     def max_lengths(
         self, t: int, sequence_length: Mapping[str, int], num_prefix: int = 0
     ) -> tuple[int, int]:
         """Largest (inputs, targets) lengths, EOS and prefix included, of a chunk of length t."""
         budgets = self._budgets(sequence_length, num_prefix)
         profiles = self._profiles(t, budgets)
-        inputs = max(self._length(self.inputs_transform, t, p) for p in profiles)
-        targets = max(self._length(self.targets_transform, t, p) for p in profiles)
-        return (inputs + 1 + num_prefix if self.has_inputs else 0), targets + 1
+        targets = max(TRANSFORMS[self.targets_transform].output_length(t, *p) for p in profiles)
+        if not self.has_inputs:
+            return 0, targets + 1
+        inputs = max(TRANSFORMS[self.inputs_transform].output_length(t, *p) for p in profiles)
+        return inputs + 1 + num_prefix, targets + 1
 
     def _fits(self, t: int, sequence_length: Mapping[str, int], num_prefix: int) -> bool:
         if self.uniform_split and t >= 2:
@@ -363,10 +333,8 @@ def default_sequence_length(objective: Objective, inputs_length: int = 512) -> d
 def span_corruption_lengths(
     inputs_length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0
 ) -> tuple[int, int]:
-    """T5's span-corruption arithmetic: inputs length -> (raw chunk length, targets length).
-
-    512 -> (568, 114), 128 -> (141, 29), 256 -> (284, 58), 1024 -> (1137, 229) at 0.15 / 3.
-    """
+    """T5's span-corruption arithmetic: inputs length -> (raw chunk length, targets length), at
+    0.15 / 3: 512 -> (568, 114), 128 -> (141, 29), 256 -> (284, 58), 1024 -> (1137, 229)."""
     objective = Objective("random_spans", noise_density, mean_noise_span_length)
     unbounded = {"inputs": inputs_length, "targets": 2 * inputs_length + 2}
     raw = objective.chunk_length(unbounded)
@@ -406,22 +374,14 @@ def split_into_chunks(
         dataset = dataset.ragged_batch(documents_per_group).map(join)
 
     def to_chunks(example: Mapping[str, tf.Tensor]) -> dict[str, tf.RaggedTensor]:
-        tokens = example[key]
-        size = tf.size(tokens)
-        starts = tf.range(0, size, chunk_length)
-        return {key: tf.RaggedTensor.from_row_starts(tokens, starts)}
+        starts = tf.range(0, tf.size(example[key]), chunk_length)
+        return {key: tf.RaggedTensor.from_row_starts(example[key], starts)}
 
     return dataset.map(to_chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
 
-def _apply_objective(
-    chunk: tf.Tensor,
-    seed: tf.Tensor,
-    objective: Objective,
-    vocab: VocabInfo,
-    prefix_ids: tuple[int, ...],
-    budgets: tuple[int, int],
-) -> dict[str, tf.Tensor]:
+def _apply_objective(chunk: tf.Tensor, seed: tf.Tensor, objective: Objective, vocab: VocabInfo,
+                     prefix_ids: tuple[int, ...], budgets: tuple[int, int]) -> dict[str, tf.Tensor]:
     """One chunk (int32 [t]) -> {'inputs', 'targets', 'noise_mask'} (EOS appended)."""
     seeds = tf.random.experimental.stateless_split(seed, 3)
     length = tf.size(chunk)
@@ -429,14 +389,9 @@ def _apply_objective(
     if objective.bounded:
         min_noise, max_noise = objective._prefix_bounds(length, budgets, tf.maximum, tf.minimum)
     mask = noise.noise_mask(
-        objective.mask,
-        length,
-        seeds[0],
-        noise_density=objective.noise_density,
-        mean_noise_span_length=objective.mean_noise_span_length,
-        min_noise=min_noise,
-        max_noise=max_noise,
-    )
+        objective.mask, length, seeds[0], noise_density=objective.noise_density,
+        mean_noise_span_length=objective.mean_noise_span_length, min_noise=min_noise,
+        max_noise=max_noise)
     eos = tf.constant([vocab.eos_id], tf.int32)
     targets = TRANSFORMS[objective.targets_transform].fn(chunk, mask, vocab, seeds[2])
     out = {"targets": tf.concat([targets, eos], axis=0), "noise_mask": mask}
@@ -460,9 +415,8 @@ def check_vocabulary(objective: Objective, vocabulary: seqio.Vocabulary) -> Voca
     return info
 
 
-@gin.configurable(
-    module="t5x_like.data", denylist=["dataset", "sequence_length", "output_features"]
-)
+@gin.configurable(module="t5x_like.data",
+                  denylist=["dataset", "sequence_length", "output_features"])
 def denoise(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
@@ -486,13 +440,10 @@ def denoise(
     prefix_ids = paradigm_ids(objective, vocabulary)
     chunk_length = objective.chunk_length(sequence_length, len(prefix_ids))
     budgets = objective._budgets(sequence_length, len(prefix_ids))
-    apply = functools.partial(
-        _apply_objective, objective=objective, vocab=vocab, prefix_ids=prefix_ids, budgets=budgets
-    )
 
     @seqio.map_over_dataset(num_seeds=1)
     def corrupt(example: Mapping[str, tf.Tensor], seed: tf.Tensor) -> dict[str, tf.Tensor]:
-        out = apply(example["targets"], seed)
+        out = _apply_objective(example["targets"], seed, objective, vocab, prefix_ids, budgets)
         if keep_noise_mask:
             out["chunk"] = example["targets"]
         else:

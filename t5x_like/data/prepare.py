@@ -77,13 +77,11 @@ def _build_downstream(root: Path, log) -> str:
     return f"built ({len(sizes)} tasks, {total} examples; {time.perf_counter() - t:.1f}s)"
 
 
-def _asset_steps(root: Path, log) -> list[Step]:
-    return [(f"asset {name}", functools.partial(assets.is_cached, name, root),
-             functools.partial(_fetch, name, root, log)) for name in assets.ASSETS]
-
-
-def _build_steps(root: Path, log) -> list[Step]:
-    return [
+def _steps(root: Path, log) -> tuple[list[Step], list[Step]]:
+    """(the asset fetches, the builds that need them)."""
+    fetches = [(f"asset {name}", functools.partial(assets.is_cached, name, root),
+                functools.partial(_fetch, name, root, log)) for name in assets.ASSETS]
+    return fetches, [
         ("corpus c4like", functools.partial(corpus.is_built, root),
          functools.partial(_build_corpus, root, log)),
         ("vocabulary c4like_8k", functools.partial(vocab.c4like_8k_ready, root),
@@ -117,20 +115,16 @@ def _how_to_build() -> str:
             f"and point ${assets.DATA_DIR_ENV} at DIR")
 
 
-def _wrong_kind(root: Path) -> Path | None:
-    """The first path that must be a directory (the data dir, its ancestors, the directories
-    the steps write into) but exists as something else."""
+def _check_kinds(root: Path) -> None:
+    """Raise PrepareError naming the first path that must be a directory (the data dir, its
+    ancestors, the directories the steps write into) but exists as something else."""
     leaves = (assets.asset_path(SPM_ASSET, root).parent, corpus.corpus_dir(root),
               vocab.c4like_8k_dir(root), downstream.downstream_dir(root))
     paths = [*reversed(root.parents), root]
     for leaf in leaves:
         parts = leaf.relative_to(root).parts
         paths += [root.joinpath(*parts[:i + 1]) for i in range(len(parts))]
-    return next((p for p in paths if os.path.lexists(p) and not os.path.isdir(p)), None)
-
-
-def _check_kinds(root: Path) -> None:
-    bad = _wrong_kind(root)
+    bad = next((p for p in paths if os.path.lexists(p) and not os.path.isdir(p)), None)
     if bad is not None:
         kind = "a file" if os.path.isfile(bad) else "not a directory"
         raise PrepareError(f"{bad} is {kind} where a directory is expected (data dir {root}); "
@@ -179,7 +173,7 @@ def prepare(data_dir: str | os.PathLike | None = None, *, force: bool = False,
     written or has a file where a directory belongs, or a build fails to write.
     """
     root = assets.data_dir(data_dir)
-    asset_steps, build_steps = _asset_steps(root, log), _build_steps(root, log)
+    asset_steps, build_steps = _steps(root, log)
     todo = _stale(asset_steps + build_steps)
     if not todo and not force:
         _check_spm(root)

@@ -104,10 +104,9 @@ def preview_task(
         raise ValueError(f"{task!r} is a supervised downstream task (no objective to show); "
                          "see t5x_like.data.downstream.load_examples(name, split).")
     vocab = tasks.get_task(task, vocabulary).output_features["targets"].vocabulary
-    lengths = dict(sequence_length
-                   or objectives.default_sequence_length(objective, inputs_length))
-    if not objective.has_inputs:
-        lengths = {"targets": sum(lengths.values())} if "inputs" in lengths else lengths
+    lengths = dict(sequence_length or objectives.default_sequence_length(objective, inputs_length))
+    if not objective.has_inputs and "inputs" in lengths:
+        lengths = {"targets": sum(lengths.values())}
     features = {k: seqio.Feature(vocab) for k in ("inputs", "targets")}
     docs = provider.source.get_dataset(split=split, shuffle=False).skip(document)
     docs = docs.map(lambda x: vocab.encode_tf(x["text"]))

@@ -56,34 +56,26 @@ def _spans(density: float = 0.15, mean: float = 3.0, **kw) -> Objective:
     return Objective(mask="random_spans", noise_density=density, mean_noise_span_length=mean, **kw)
 
 
-def _iid(density: float, inputs: str, targets: str) -> Objective:
-    return Objective(
-        mask="iid", noise_density=density, inputs_transform=inputs, targets_transform=targets
-    )
+def _objective(mask: str, density: float | None, inputs: str | None, targets: str,
+               **kw) -> Objective:
+    return Objective(mask=mask, noise_density=density, inputs_transform=inputs,
+                     targets_transform=targets, **kw)
 
 
 _REPLACE = ("noise_span_to_unique_sentinel", "nonnoise_span_to_unique_sentinel")
 _DROP = ("drop_noise_tokens", "drop_nonnoise_tokens")
 
 OBJECTIVES: dict[str, Objective] = {
-    "full_lm": Objective(
-        mask="none", noise_density=None, inputs_transform=None, targets_transform="identity"
-    ),
-    "prefix_lm": Objective(
-        mask="prefix", noise_density=None, inputs_transform=_DROP[0], targets_transform=_DROP[1]
-    ),
-    "bert_style": _iid(0.15, "noise_token_to_random_token_or_sentinel", "identity"),
-    "mass_style": _iid(0.15, "noise_token_to_sentinel", "identity"),
-    "deshuffling": Objective(
-        mask="full",
-        noise_density=None,
-        inputs_transform="permute_noise_tokens",
-        targets_transform="identity",
-    ),
-    "iid_replace_spans": _iid(0.15, *_REPLACE),
-    "iid_drop_tokens": _iid(0.15, *_DROP),
+    "full_lm": _objective("none", None, None, "identity"),
+    "prefix_lm": _objective("prefix", None, *_DROP),
+    "bert_style": _objective("iid", 0.15, "noise_token_to_random_token_or_sentinel", "identity"),
+    "mass_style": _objective("iid", 0.15, "noise_token_to_sentinel", "identity"),
+    "deshuffling": _objective("full", None, "permute_noise_tokens", "identity"),
+    "iid_replace_spans": _objective("iid", 0.15, *_REPLACE),
+    "iid_drop_tokens": _objective("iid", 0.15, *_DROP),
     "span_corruption": _spans(),
-    **{f"iid_replace_spans_rate_{r}": _iid(r / 100, *_REPLACE) for r in (10, 15, 25, 50)},
+    **{f"iid_replace_spans_rate_{r}": _objective("iid", r / 100, *_REPLACE)
+       for r in (10, 15, 25, 50)},
     **{f"span_corruption_length_{m}": _spans(0.15, float(m)) for m in (2, 3, 5, 10)},
 }
 
@@ -94,15 +86,20 @@ UL2_DENOISERS: dict[str, tuple[Objective, float]] = {
     "ul2_x_span8_rate50": (_spans(0.5, 8.0, paradigm_token="[NLG]"), 0.1),
     "ul2_x_span64_rate15": (_spans(0.15, 64.0, paradigm_token="[NLG]"), 0.1),
     "ul2_x_span64_rate50": (_spans(0.5, 64.0, paradigm_token="[NLG]"), 0.1),
-    "ul2_s_prefix25": (
-        Objective(mask="prefix", noise_density=0.25, inputs_transform=_DROP[0],
-                  targets_transform=_DROP[1], paradigm_token="[S2S]"),
-        0.2,
-    ),
+    "ul2_s_prefix25": (_objective("prefix", 0.25, *_DROP, paradigm_token="[S2S]"), 0.2),
 }
 
 
 # ----------------------------------------------------------------------------- lazy resources
+def _forward(method: str) -> Callable:
+    """A method that calls the wrapped vocabulary's `method` (for NamedVocabulary)."""
+
+    def forwarded(self: NamedVocabulary, *args, **kwargs):
+        return getattr(self._vocab, method)(*args, **kwargs)
+
+    return forwarded
+
+
 class NamedVocabulary(seqio.Vocabulary):
     """A vocabulary referred to by name (`vocab.get_vocabulary`), loaded on first use."""
 
@@ -123,18 +120,8 @@ class NamedVocabulary(seqio.Vocabulary):
     vocab_size = property(lambda self: self._vocab.vocab_size)
     _base_vocab_size = property(lambda self: self._vocab.vocab_size - self._vocab.extra_ids)
 
-    def encode(self, s):
-        return self._vocab.encode(s)
-
-    def decode(self, ids):
-        return self._vocab.decode(ids)
-
-    def encode_tf(self, s):
-        return self._vocab.encode_tf(s)
-
-    def decode_tf(self, ids):
-        return self._vocab.decode_tf(ids)
-
+    encode, decode = _forward("encode"), _forward("decode")
+    encode_tf, decode_tf = _forward("encode_tf"), _forward("decode_tf")
     # seqio's abstract hooks: the wrapped vocabulary's public methods do it all.
     _encode, _decode, _encode_tf, _decode_tf = encode, decode, encode_tf, decode_tf
 
@@ -177,9 +164,8 @@ class LazySource(seqio.DataSource):
 
     def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
                     shard_info: seqio.ShardInfo | None = None, *args, **kwargs) -> tf.data.Dataset:
-        return self.source.get_dataset(
-            split=split, shuffle=shuffle, seed=seed, shard_info=shard_info
-        )
+        return self.source.get_dataset(split=split, shuffle=shuffle, seed=seed,
+                                       shard_info=shard_info)
 
 
 class SeededMixture(seqio.Mixture):
@@ -213,36 +199,27 @@ _MIXTURES: dict[str, tuple[tuple[str, float], ...]] = {}
 
 
 def _build_task(name: str, spec: TaskSpec, vocabulary: str) -> seqio.Task:
-    vocab = NamedVocabulary(vocabulary)
-    features = {"targets": seqio.Feature(vocab, add_eos=True)}
-    if spec.objective is None:  # supervised: tokenize inputs/targets, keep them in memory
-        features["inputs"] = seqio.Feature(vocab, add_eos=True)
-        return seqio.Task(name, source=spec.source, output_features=features,
-                          preprocessors=[tokenize.tokenize, _cache_in_memory,
-                                         seqio.CacheDatasetPlaceholder(),
-                                         seqio.preprocessors.append_eos_after_trim],
-                          postprocess_fn=spec.postprocess_fn, metric_fns=list(spec.metric_fns))
-    if spec.objective.has_inputs:
-        features["inputs"] = seqio.Feature(vocab, add_eos=True)
+    feature = seqio.Feature(NamedVocabulary(vocabulary), add_eos=True)
+    objective = spec.objective
+    features = {"targets": feature}
+    if objective is None or objective.has_inputs:
+        features["inputs"] = feature
     # Steps before the placeholder run once per epoch-less pass, before `repeat`: for the small
     # embedded corpus the tokenized documents are kept in memory (c4like: ~18 MB with c4_32k),
     # so only the first epoch pays for SentencePiece. Everything random comes after it.
-    precache = [
-        functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
-        tokenize.tokenize,
-    ]
-    if spec.source is None and spec.corpus in IN_MEMORY_CORPORA:
-        precache.append(_cache_in_memory)
-    return seqio.Task(
-        name,
-        source=spec.source if spec.source is not None else LazySource(spec.corpus),
-        output_features=features,
-        preprocessors=[
-            *precache,
-            seqio.CacheDatasetPlaceholder(),
-            functools.partial(denoise, objective=spec.objective),
-        ],
-    )
+    if objective is None:  # supervised: tokenize inputs/targets, keep them in memory
+        precache = [tokenize.tokenize, _cache_in_memory]
+        last = seqio.preprocessors.append_eos_after_trim
+    else:
+        rekey = functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"})
+        precache = [rekey, tokenize.tokenize]
+        last = functools.partial(denoise, objective=objective)
+        if spec.source is None and spec.corpus in IN_MEMORY_CORPORA:
+            precache.append(_cache_in_memory)
+    source = spec.source if spec.source is not None else LazySource(spec.corpus)
+    return seqio.Task(name, source=source, output_features=features,
+                      preprocessors=[*precache, seqio.CacheDatasetPlaceholder(), last],
+                      postprocess_fn=spec.postprocess_fn, metric_fns=list(spec.metric_fns))
 
 
 def _cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -312,10 +289,8 @@ def _register_defaults() -> None:
             register_task(f"{corpus}_{objective_name}", objective, corpus)
         for denoiser, (objective, _) in UL2_DENOISERS.items():
             register_task(f"{corpus}_{denoiser}", objective, corpus)
-        register_mixture(
-            f"{corpus}_ul2_mixture",
-            [(f"{corpus}_{d}", rate) for d, (_, rate) in UL2_DENOISERS.items()],
-        )
+        register_mixture(f"{corpus}_ul2_mixture",
+                         [(f"{corpus}_{d}", rate) for d, (_, rate) in UL2_DENOISERS.items()])
 
 
 _register_defaults()
@@ -466,13 +441,9 @@ def get_dataset(
     converter = converters.get_feature_converter(model_family, has_inputs=has_inputs, pack=pack)
     with tf_setup.no_autograph():
         ds = provider.get_dataset(
-            sequence_length=lengths,
-            split=split,
-            shuffle=shuffle,
-            seed=shard_seed(seed, shard_id),
+            sequence_length=lengths, split=split, shuffle=shuffle, seed=shard_seed(seed, shard_id),
             shard_info=seqio.ShardInfo(shard_id, num_shards) if num_shards > 1 else None,
-            num_epochs=num_epochs,
-        )
+            num_epochs=num_epochs)
         ds = converter(ds, lengths)
         ds = ds.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.map(_pad_batch(batch_size), num_parallel_calls=tf.data.AUTOTUNE)

@@ -17,6 +17,7 @@ Vocabularies without a SentencePiece model always use the op. Tests:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import gin
@@ -34,16 +35,13 @@ def sentencepiece_processor(
     return inner.tokenizer if isinstance(inner, seqio.SentencePieceVocabulary) else None
 
 
-def _encoder(processor: sentencepiece.SentencePieceProcessor):
+def _encode(processor: sentencepiece.SentencePieceProcessor,
+            texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """texts (bytes [batch]) -> (ids int32 [total], row lengths int64 [batch])."""
-
-    def encode(texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows = processor.encode([bytes(t) for t in texts])
-        lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-        flat = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
-        return flat, lengths
-
-    return encode
+    rows = processor.encode([bytes(t) for t in texts])
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    flat = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
+    return flat, lengths
 
 
 ENGINES = ("sentencepiece", "tensorflow_text")
@@ -77,7 +75,7 @@ def tokenize(
         out = dict(batch)
         for key in keys:
             flat, lengths = tf.numpy_function(
-                _encoder(processors[key]), [batch[key]], (tf.int32, tf.int64),
+                functools.partial(_encode, processors[key]), [batch[key]], (tf.int32, tf.int64),
                 stateful=False, name=f"sentencepiece_{key}")
             out[key] = tf.RaggedTensor.from_row_lengths(
                 tf.ensure_shape(flat, [None]), tf.ensure_shape(lengths, [None]))

@@ -49,9 +49,7 @@ class VocabularyError(ValueError):
     """A vocabulary is unknown, missing, or breaks T5's id conventions."""
 
 
-# --------------------------------------------------------------------------- training
-
-
+# ----------------------------------------------------------------------------- training
 def _sentences(texts: Iterable[str]) -> Iterator[str]:
     """Training sentences: every line split at sentence ends. Short pieces keep SentencePiece's
     unigram trainer fast (its cost grows faster than linearly with the length of a line)."""
@@ -151,9 +149,7 @@ def build_c4like_8k(data_dir: str | os.PathLike | None = None) -> Path:
     return d / "spm.model"
 
 
-# --------------------------------------------------------------------------- loading
-
-
+# ----------------------------------------------------------------------------- loading
 def check_spm_model(path: str | os.PathLike) -> int:
     """Raise VocabularyError unless the model has pad=0, eos=1, unk=2; returns its size."""
     import sentencepiece as spm
@@ -233,9 +229,7 @@ def check_fits(name: str, embedding_rows: int, *, what: str = "vocabulary",
     return vocab
 
 
-# --------------------------------------------------------------------------- CLI
-
-
+# ----------------------------------------------------------------------------- CLI
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m t5x_like.data.vocab",
                                 description="Train or try SentencePiece vocabularies.")

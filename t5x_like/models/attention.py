@@ -95,18 +95,9 @@ def make_mask_spec(
     if k_index is None:
         lk = kv_length if kv_length is not None else kv_segment_ids.shape[1]
         k_index = jnp.arange(lk, dtype=jnp.int32)[None]
-    spec = MaskSpec(
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        prefix_mask=prefix_mask,
-        q_index=q_index,
-        k_index=k_index,
-        rel_table=rel_table,
-        causal=causal,
-        rel_bidirectional=rel_bidirectional,
-        rel_max_distance=rel_max_distance,
-        is_aligned=is_aligned,
-    )
+    spec = MaskSpec(q_segment_ids, kv_segment_ids, prefix_mask, q_index, k_index, rel_table,
+                    causal=causal, rel_bidirectional=rel_bidirectional,
+                    rel_max_distance=rel_max_distance, is_aligned=is_aligned)
     if impl == "pallas" and is_aligned:
         return spec
     return spec.replace(dense_mask=dense_mask(spec), dense_bias=dense_bias(spec))
@@ -129,13 +120,8 @@ def dense_bias(spec: MaskSpec) -> jax.Array | None:
     """T5 relative-position bias `[B|1, heads, Lq, Lk]` in fp32, or None."""
     if spec.rel_table is None:
         return None
-    return relative_bias(
-        spec.rel_table.astype(jnp.float32),
-        spec.q_index,
-        spec.k_index,
-        bidirectional=spec.rel_bidirectional,
-        max_distance=spec.rel_max_distance,
-    )
+    return relative_bias(spec.rel_table.astype(jnp.float32), spec.q_index, spec.k_index,
+                         bidirectional=spec.rel_bidirectional, max_distance=spec.rel_max_distance)
 
 
 def attend(
@@ -390,17 +376,9 @@ class MultiHeadAttention(nn.Module):
         dropout_rng = None
         if not self.deterministic and cfg.dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
-        out = attend(
-            q,
-            k,
-            v,
-            spec,
-            impl=cfg.attention_impl,
-            scale=cfg.attention_scale,
-            float32_logits=cfg.float32_attention_logits,
-            dropout_rate=cfg.dropout_rate,
-            dropout_rng=dropout_rng,
-        )
+        out = attend(q, k, v, spec, impl=cfg.attention_impl, scale=cfg.attention_scale,
+                     float32_logits=cfg.float32_attention_logits, dropout_rate=cfg.dropout_rate,
+                     dropout_rng=dropout_rng)
         out = constrain(out, HEAD_AXES).reshape(out.shape[0], out.shape[1], h * d)
         proj = make_dense(cfg, cfg.emb_dim, ("joined_kv", "embed"), "out", attention_kernel_init)
         return constrain(proj(out), BATCH_LENGTH_EMBED)
@@ -420,21 +398,23 @@ class MultiHeadAttention(nn.Module):
         """Writes K/V into the 'cache' collection; returns the K/V to attend over."""
         if self.is_cross:
             if self.decode == "prefill":
-                self.put_variable("cache", "cached_key", k)
-                self.put_variable("cache", "cached_value", v)
+                self._put_cache(k, v)
             return k, v
         if self.decode == "prefill":
             shape = (k.shape[0], self.max_decode_length, *k.shape[2:])
+            caches = (jnp.zeros(shape, k.dtype), jnp.zeros(shape, v.dtype))
             start = jnp.zeros((k.shape[0],), jnp.int32)
-            self.put_variable("cache", "cached_key", _write(jnp.zeros(shape, k.dtype), k, start))
-            self.put_variable("cache", "cached_value", _write(jnp.zeros(shape, v.dtype), v, start))
-            return k, v
-        index = spec.q_index[:, 0]
-        k_all = _write(self.get_variable("cache", "cached_key"), k, index)
-        v_all = _write(self.get_variable("cache", "cached_value"), v, index)
-        self.put_variable("cache", "cached_key", k_all)
-        self.put_variable("cache", "cached_value", v_all)
-        return k_all, v_all
+        else:
+            caches = (self.get_variable("cache", "cached_key"),
+                      self.get_variable("cache", "cached_value"))
+            start = spec.q_index[:, 0]
+        k_all, v_all = _write(caches[0], k, start), _write(caches[1], v, start)
+        self._put_cache(k_all, v_all)
+        return (k, v) if self.decode == "prefill" else (k_all, v_all)
+
+    def _put_cache(self, k: jax.Array, v: jax.Array) -> None:
+        self.put_variable("cache", "cached_key", k)
+        self.put_variable("cache", "cached_value", v)
 
 
 def _write(cache: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:

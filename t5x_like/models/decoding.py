@@ -56,21 +56,9 @@ def _repeat(logits: jax.Array, cache: Any, cache_axes: Any, copies: int) -> tupl
     return logits[index], gather_rows(cache, cache_axes, index)
 
 
-def _sorted(tokens: jax.Array, lengths: jax.Array, log_probs: jax.Array, scores: jax.Array,
-            size: int) -> dict[str, jax.Array]:
-    """Reshapes `[B*N, ...]` results to `[B, N, ...]`, sorted by score (best first)."""
-    n = tokens.shape[0] // size
-    out = {
-        "tokens": tokens.reshape(size, n, -1),
-        "lengths": lengths.reshape(size, n),
-        "log_probs": log_probs.reshape(size, n),
-        "scores": scores.reshape(size, n),
-    }
-    order = jnp.argsort(-out["scores"], axis=1, stable=True)
-    return {
-        k: jnp.take_along_axis(v, order.reshape(*order.shape, *[1] * (v.ndim - 2)), axis=1)
-        for k, v in out.items()
-    }
+def _take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+    """`x [B, N, ...]` at `index [B, M]` along axis 1 -> `[B, M, ...]`."""
+    return jnp.take_along_axis(x, index.reshape(*index.shape, *[1] * (x.ndim - 2)), axis=1)
 
 
 # Greedy and sampling ---------------------------------------------------------------------------
@@ -158,16 +146,15 @@ def temperature_sample(
         return (state.step < max_decode_length) & ~jnp.all(state.done)
 
     state = SamplingState(
-        step=jnp.int32(0),
-        tokens=jnp.zeros((rows, max_decode_length), jnp.int32),
-        lengths=jnp.zeros((rows,), jnp.int32),
-        log_probs=jnp.zeros((rows,), jnp.float32),
-        done=jnp.zeros((rows,), bool),
-        logits=logits,
-        cache=cache,
-    )
+        step=jnp.int32(0), tokens=jnp.zeros((rows, max_decode_length), jnp.int32),
+        lengths=jnp.zeros((rows,), jnp.int32), log_probs=jnp.zeros((rows,), jnp.float32),
+        done=jnp.zeros((rows,), bool), logits=logits, cache=cache)
     final = jax.lax.while_loop(cond, body, state)
-    return _sorted(final.tokens, final.lengths, final.log_probs, final.log_probs, size)
+    shape = (size, num_decodes)
+    out = {"tokens": final.tokens.reshape(*shape, -1), "lengths": final.lengths.reshape(shape),
+           "log_probs": final.log_probs.reshape(shape), "scores": final.log_probs.reshape(shape)}
+    order = jnp.argsort(-out["scores"], axis=1, stable=True)  # best first
+    return {key: _take_rows(value, order) for key, value in out.items()}
 
 
 def greedy_decode(
@@ -240,17 +227,12 @@ def _initial_beams(logits: jax.Array, cache: Any, size: int, k: int, length: int
     log-probs) and no finished ones."""
     seqs = jnp.zeros((size, k, length), jnp.int32)
     return BeamState(
-        step=jnp.int32(0),
-        alive_seqs=seqs,
+        step=jnp.int32(0), alive_seqs=seqs,
         alive_log_probs=jnp.broadcast_to(jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF), (size, k)),
-        finished_seqs=seqs,
-        finished_scores=jnp.full((size, k), NEG_INF),
+        finished_seqs=seqs, finished_scores=jnp.full((size, k), NEG_INF),
         finished_log_probs=jnp.zeros((size, k), jnp.float32),
         finished_lengths=jnp.zeros((size, k), jnp.int32),
-        logits=logits,
-        cache=cache,
-        settled=jnp.bool_(False),
-    )
+        logits=logits, cache=cache, settled=jnp.bool_(False))
 
 
 def _best_finished(state: BeamState, seqs: jax.Array, scores: jax.Array, log_probs: jax.Array,
@@ -265,8 +247,7 @@ def _best_finished(state: BeamState, seqs: jax.Array, scores: jax.Array, log_pro
         jnp.concatenate([state.finished_lengths, lengths], axis=1),
     )
     best = jax.lax.top_k(merged[1], k)[1]
-    return tuple(jnp.take_along_axis(x, best.reshape(*best.shape, *[1] * (x.ndim - 2)), axis=1)
-                 for x in merged)
+    return tuple(_take_rows(x, best) for x in merged)
 
 
 def beam_search(

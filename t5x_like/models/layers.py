@@ -78,14 +78,8 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = _param(
-            self,
-            "kernel",
-            self.kernel_init,
-            (x.shape[-1], self.features),
-            self.kernel_axes,
-            self.param_dtype,
-        )
+        kernel = _param(self, "kernel", self.kernel_init, (x.shape[-1], self.features),
+                        self.kernel_axes, self.param_dtype)
         return project(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -98,35 +92,35 @@ def make_dense(
                  kernel_init=kernel_init, name=name)
 
 
-class RMSNorm(nn.Module):
-    """T5's scale-only norm: `x / sqrt(mean(x^2) + eps) * scale`, computed in fp32."""
+class _Norm(nn.Module):
+    """Fields of the norms: computed in fp32, `[embed]` parameters, output in `dtype`."""
 
     epsilon: float = 1e-6
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
+    def _vector(self, name: str, init: Initializer, x: jax.Array) -> jax.Array:
+        return _param(self, name, init, (x.shape[-1],), ("embed",), self.param_dtype)
+
+
+class RMSNorm(_Norm):
+    """T5's scale-only norm: `x / sqrt(mean(x^2) + eps) * scale`."""
+
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = _param(
-            self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), self.param_dtype
-        )
+        scale = self._vector("scale", nn.initializers.ones, x)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
         return (y * scale.astype(jnp.float32)).astype(self.dtype)
 
 
-class LayerNorm(nn.Module):
-    """`(x - mean) / sqrt(var + eps) * scale + bias`, computed in fp32."""
-
-    epsilon: float = 1e-6
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
+class LayerNorm(_Norm):
+    """`(x - mean) / sqrt(var + eps) * scale + bias`."""
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        d = x.shape[-1]
-        scale = _param(self, "scale", nn.initializers.ones, (d,), ("embed",), self.param_dtype)
-        bias = _param(self, "bias", nn.initializers.zeros, (d,), ("embed",), self.param_dtype)
+        scale = self._vector("scale", nn.initializers.ones, x)
+        bias = self._vector("bias", nn.initializers.zeros, x)
         x32 = x.astype(jnp.float32)
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
@@ -137,12 +131,8 @@ class LayerNorm(nn.Module):
 def make_norm(config: TransformerConfig, name: str) -> nn.Module:
     """The configured norm (`rmsnorm` | `layernorm`) as a named submodule."""
     cls = RMSNorm if config.norm == "rmsnorm" else LayerNorm
-    return cls(
-        epsilon=config.layer_norm_epsilon,
-        dtype=config.activation_dtype,
-        param_dtype=config.parameter_dtype,
-        name=name,
-    )
+    return cls(epsilon=config.layer_norm_epsilon, dtype=config.activation_dtype,
+               param_dtype=config.parameter_dtype, name=name)
 
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -186,14 +176,8 @@ class Embed(nn.Module):
     embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
 
     def setup(self) -> None:
-        self.embedding = _param(
-            self,
-            "embedding",
-            self.embedding_init,
-            (self.num_embeddings, self.features),
-            self.axes,
-            self.param_dtype,
-        )
+        self.embedding = _param(self, "embedding", self.embedding_init,
+                                (self.num_embeddings, self.features), self.axes, self.param_dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """`ids: [batch, length]` int -> `[batch, length, features]`."""
@@ -205,26 +189,16 @@ class Embed(nn.Module):
 
 
 def make_token_embedder(config: TransformerConfig, name: str = "token_embedder") -> Embed:
-    return Embed(
-        config.vocab_size,
-        config.emb_dim,
-        dtype=config.activation_dtype,
-        param_dtype=config.parameter_dtype,
-        name=name,
-    )
+    """The `[vocab, embed]` token table in the configured dtypes."""
+    return Embed(config.vocab_size, config.emb_dim, dtype=config.activation_dtype,
+                 param_dtype=config.parameter_dtype, name=name)
 
 
 def make_position_embedder(config: TransformerConfig) -> Embed:
     """Learned absolute positions `[max_position_embeddings, embed]` (GPT-2 style)."""
-    return Embed(
-        config.max_position_embeddings,
-        config.emb_dim,
-        axes=(None, "embed"),
-        dtype=config.activation_dtype,
-        param_dtype=config.parameter_dtype,
-        embedding_init=nn.initializers.normal(stddev=0.02),
-        name="position_embedder",
-    )
+    return Embed(config.max_position_embeddings, config.emb_dim, axes=(None, "embed"),
+                 dtype=config.activation_dtype, param_dtype=config.parameter_dtype,
+                 embedding_init=nn.initializers.normal(stddev=0.02), name="position_embedder")
 
 
 class RelativePositionBias(nn.Module):
@@ -238,36 +212,22 @@ class RelativePositionBias(nn.Module):
     @nn.compact
     def __call__(self) -> jax.Array:
         cfg = self.config
-        return _param(
-            self,
-            "rel_embedding",
-            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-            (cfg.num_heads, cfg.relative_attention_num_buckets),
-            ("heads", "relpos_buckets"),
-            cfg.parameter_dtype,
-        )
+        init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+        shape = (cfg.num_heads, cfg.relative_attention_num_buckets)
+        return _param(self, "rel_embedding", init, shape, ("heads", "relpos_buckets"),
+                      cfg.parameter_dtype)
 
 
-def relative_bias(
-    table: jax.Array,
-    q_index: jax.Array,
-    k_index: jax.Array,
-    *,
-    bidirectional: bool,
-    max_distance: int,
-) -> jax.Array:
+def relative_bias(table: jax.Array, q_index: jax.Array, k_index: jax.Array, *,
+                  bidirectional: bool, max_distance: int) -> jax.Array:
     """Dense bias `[B|1, heads, Lq, Lk]` from `table: [heads, buckets]`.
 
     `q_index: [B|1, Lq]`, `k_index: [B|1, Lk]` are absolute indices in the (packed) sequence;
     relative_position = k_index - q_index, as in T5.
     """
     rel = k_index[:, None, :] - q_index[:, :, None]
-    buckets = relative_position_bucket(
-        rel,
-        bidirectional=bidirectional,
-        num_buckets=table.shape[-1],
-        max_distance=max_distance,
-    )
+    buckets = relative_position_bucket(rel, bidirectional=bidirectional,
+                                       num_buckets=table.shape[-1], max_distance=max_distance)
     bias = jnp.take(table.T, buckets, axis=0)  # [B, Lq, Lk, heads]
     return jnp.transpose(bias, (0, 3, 1, 2))
 

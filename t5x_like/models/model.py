@@ -116,6 +116,8 @@ class BaseModel(abc.ABC):
     """Family-independent API; subclasses map batches onto their Flax module."""
 
     family: str
+    #: The name of the module method `decode_step` applies (None: `__call__`).
+    _step_method: str | None = None
 
     def __init__(self, config: TransformerConfig, module: nn.Module) -> None:
         self.config = config
@@ -125,22 +127,18 @@ class BaseModel(abc.ABC):
     # Subclass hooks --------------------------------------------------------------------------
     @abc.abstractmethod
     def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
-        """Implemented per family."""
+        """(args, kwargs) of the module's teacher-forced `__call__` on `batch`."""
 
     @abc.abstractmethod
-    def _prefill_apply(self, params, batch, max_decode_length):
-        """Implemented per family."""
+    def _prefill_apply(self, params, batch, **prefill):
+        """`module.apply` of the prompt in `batch` with the `prefill` keywords of the decoder
+        (`decode`, `max_decode_length`, `prompt_lengths`): (logits, variables)."""
 
     @abc.abstractmethod
     def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
         """The `prefill` batch of a decoding request (see `models/decoding.py`'s docstring):
         prompt tokens `decoder_input_tokens [B, P]`, `prompt_lengths [B]` and the family's
         extras (`encoder_input_tokens`, `decoder_causal_attention`)."""
-
-    @abc.abstractmethod
-    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
-                          ) -> dict[str, int]:
-        """Feature name -> length of this family's batches (DESIGN.md "Batches")."""
 
     @abc.abstractmethod
     def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
@@ -155,16 +153,15 @@ class BaseModel(abc.ABC):
         forced decoder tokens per example (outputs hold what follows them)."""
 
     @abc.abstractmethod
+    def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
+                    target_length: int) -> dict[str, np.ndarray]:
+        """The teacher-forced `score` batch (int32 numpy) of input and target ids (targets with
+        EOS, cut to `target_length`) as the feature converters build it, unpacked."""
+
     def rank_batch(self, inputs: Rows, *, input_length: int) -> dict[str, np.ndarray]:
         """`prompt_batch` of `inputs` padded to the longest prompt `input_length` allows: one
         shape for every batch (one compilation of `score_candidates`)."""
-
-    @abc.abstractmethod
-    def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
-                    target_length: int, has_inputs: bool = True) -> dict[str, np.ndarray]:
-        """The teacher-forced `score` batch (int32 numpy) of input and target ids (targets with
-        EOS, cut to `target_length`) as the feature converters build it, unpacked.
-        `has_inputs`: the model was trained on a task with inputs."""
+        return self.prompt_batch(inputs, input_length=input_length)
 
     # Family properties -----------------------------------------------------------------------
     @property
@@ -185,7 +182,12 @@ class BaseModel(abc.ABC):
         lengths `sequence_length` (default 4 each), with `decoder_loss_weights` and, when
         `packed`, segment ids and positions: for init and shape inference."""
         lengths = {"inputs": 4, "targets": 4} if sequence_length is None else sequence_length
-        features = self._example_features(lengths, packed)
+        record = self.config.family_record
+        features = {}
+        for stack, length in record.stack_lengths(lengths).items():
+            features.update(_stack_features(stack, length, packed))
+        if record.prefix_attention:
+            features["decoder_causal_attention"] = features["decoder_target_tokens"]
         return {k: jnp.zeros((batch_size, n), jnp.int32) for k, n in features.items()}
 
     def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
@@ -219,11 +221,7 @@ class BaseModel(abc.ABC):
         targets = batch["decoder_target_tokens"]
         weights = _weights(batch).astype(jnp.float32)
         total, nll, zl = cross_entropy_with_z_loss(
-            logits,
-            targets,
-            z_loss=self.config.z_loss,
-            label_smoothing=self.config.label_smoothing,
-        )
+            logits, targets, z_loss=self.config.z_loss, label_smoothing=self.config.label_smoothing)
         num_tokens = jnp.sum(weights)
         denom = jnp.maximum(num_tokens, 1.0)
         loss = jnp.sum(total * weights) / denom
@@ -254,7 +252,9 @@ class BaseModel(abc.ABC):
         for encoder-decoders and `decoder_causal_attention` for prefix LMs. The next
         `decode_step` of example b writes position `prompt_lengths[b]`.
         """
-        logits, variables = self._prefill_apply(params, batch, max_decode_length)
+        logits, variables = self._prefill_apply(
+            params, batch, decode="prefill", max_decode_length=max_decode_length,
+            prompt_lengths=batch.get("prompt_lengths"))
         return logits, variables["cache"]
 
     def init_cache(self, params: Params, batch: Batch, max_decode_length: int) -> Cache:
@@ -270,17 +270,10 @@ class BaseModel(abc.ABC):
         self, params: Params, cache: Cache, tokens: jax.Array
     ) -> tuple[jax.Array, Cache]:
         """Feeds `tokens [B]` at each example's `cache_index`; returns logits `[B, vocab]`."""
-        logits, variables = self.module.apply(
-            {"params": params, "cache": cache},
-            tokens[:, None],
-            decode="step",
-            mutable=["cache"],
-            **self._decode_method(),
-        )
+        logits, variables = self.module.apply({"params": params, "cache": cache}, tokens[:, None],
+                                              decode="step", mutable=["cache"],
+                                              method=self._step_method)
         return logits[:, 0], variables["cache"]
-
-    def _decode_method(self) -> dict:
-        return {}
 
     def decode(self, params: Params, batch: Batch, *, method: str = "greedy",
                max_decode_length: int, rng: jax.Array | None = None,
@@ -389,18 +382,18 @@ def _segments(batch: Batch, name: str, tokens: jax.Array) -> jax.Array:
 class EncoderDecoderModel(BaseModel):
     """T5 encoder-decoder (v1.0/v1.1, shared or not)."""
 
+    _step_method = "decode"
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__(config, EncoderDecoder(config))
 
     def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         targets = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
-        kwargs = dict(
-            encoder_segment_ids=_segments(batch, "encoder_segment_ids", enc),
-            decoder_segment_ids=_segments(batch, "decoder_segment_ids", targets),
-            encoder_positions=batch.get("encoder_positions"),
-            decoder_positions=batch.get("decoder_positions"),
-        )
+        kwargs = dict(encoder_segment_ids=_segments(batch, "encoder_segment_ids", enc),
+                      decoder_segment_ids=_segments(batch, "decoder_segment_ids", targets),
+                      encoder_positions=batch.get("encoder_positions"),
+                      decoder_positions=batch.get("decoder_positions"))
         return (enc, jnp.asarray(batch["decoder_input_tokens"], jnp.int32)), kwargs
 
     def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
@@ -413,11 +406,8 @@ class EncoderDecoderModel(BaseModel):
         else:
             forced = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)  # forced decoder prompt
             lengths = batch.get("prompt_lengths", jnp.full((size,), forced.shape[1], jnp.int32))
-        return {
-            "encoder_input_tokens": enc,
-            "decoder_input_tokens": forced,
-            "prompt_lengths": jnp.asarray(lengths, jnp.int32),
-        }
+        return {"encoder_input_tokens": enc, "decoder_input_tokens": forced,
+                "prompt_lengths": jnp.asarray(lengths, jnp.int32)}
 
     def prompt_batch(self, inputs: Rows, decoder_prompts: Rows | None = None, *,
                      input_length: int) -> dict[str, np.ndarray]:
@@ -425,17 +415,11 @@ class EncoderDecoderModel(BaseModel):
         `decoder_input_tokens` (BOS + the forced tokens) and their `prompt_lengths`."""
         batch = {"encoder_input_tokens": pad_ids(inputs, input_length)}
         if decoder_prompts is not None:
-            rows = [[PAD_ID, *p] for p in decoder_prompts]
-            batch["decoder_input_tokens"] = pad_ids(rows)
-            batch["prompt_lengths"] = np.asarray([len(r) for r in rows], np.int32)
+            batch.update(_decoder_prompt([[PAD_ID, *p] for p in decoder_prompts]))
         return batch
 
-    def rank_batch(self, inputs: Rows, *, input_length: int) -> dict[str, np.ndarray]:
-        """The encoder inputs, already `input_length` wide."""
-        return self.prompt_batch(inputs, input_length=input_length)
-
     def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
-                    target_length: int, has_inputs: bool = True) -> dict[str, np.ndarray]:
+                    target_length: int) -> dict[str, np.ndarray]:
         """`encoder_input_tokens [B, input_length]`, `decoder_target_tokens`,
         `decoder_input_tokens` (shifted right) and `decoder_loss_weights`, `[B, target_length]`."""
         dec = pad_ids(targets, target_length)
@@ -444,33 +428,16 @@ class EncoderDecoderModel(BaseModel):
                 "decoder_input_tokens": np.pad(dec[:, :-1], ((0, 0), (1, 0))),
                 "decoder_loss_weights": (dec > 0).astype(np.int32)}
 
-    def _prefill_apply(self, params, batch, max_decode_length):
+    def _prefill_apply(self, params, batch, **prefill):
         enc = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
         enc_seg = (enc > 0).astype(jnp.int32)
 
         def run(module: EncoderDecoder):
             encoded = module.encode(enc, enc_seg)
-            return module.decode(
-                jnp.asarray(batch["decoder_input_tokens"], jnp.int32),
-                encoded=encoded,
-                encoder_segment_ids=enc_seg,
-                decode="prefill",
-                max_decode_length=max_decode_length,
-                prompt_lengths=batch.get("prompt_lengths"),
-            )
+            return module.decode(jnp.asarray(batch["decoder_input_tokens"], jnp.int32),
+                                 encoded=encoded, encoder_segment_ids=enc_seg, **prefill)
 
         return self.module.apply({"params": params}, method=run, mutable=["cache"])
-
-    def _decode_method(self) -> dict:
-        return {"method": EncoderDecoder.decode}
-
-    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
-                          ) -> dict[str, int]:
-        li = sequence_length["inputs"]
-        features = {"encoder_input_tokens": li}
-        if packed:
-            features.update(encoder_segment_ids=li, encoder_positions=li)
-        return {**features, **_decoder_features(sequence_length["targets"], packed)}
 
     def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
         """For one `{'inputs': Li, 'targets': Lt}` example: 6·(params used)·(tokens) for every
@@ -507,11 +474,8 @@ class DecoderOnlyModel(BaseModel):
 
     def _module_inputs(self, batch: Batch) -> tuple[tuple, dict]:
         targets = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
-        kwargs = dict(
-            segment_ids=_segments(batch, "decoder_segment_ids", targets),
-            positions=batch.get("decoder_positions"),
-            prefix_mask=self._prefix(batch),
-        )
+        kwargs = dict(segment_ids=_segments(batch, "decoder_segment_ids", targets),
+                      positions=batch.get("decoder_positions"), prefix_mask=self._prefix(batch))
         return (jnp.asarray(batch["decoder_input_tokens"], jnp.int32),), kwargs
 
     def decode_prompt(self, batch: Batch) -> dict[str, jax.Array]:
@@ -533,44 +497,35 @@ class DecoderOnlyModel(BaseModel):
             prompt["decoder_causal_attention"] = jnp.asarray(causal, jnp.int32)
         return prompt
 
-    def _prefill_apply(self, params, batch, max_decode_length):
-        return self.module.apply(
-            {"params": params},
-            jnp.asarray(batch["decoder_input_tokens"], jnp.int32),
-            prefix_mask=self._prefix(batch),
-            decode="prefill",
-            max_decode_length=max_decode_length,
-            prompt_lengths=batch.get("prompt_lengths"),
-            mutable=["cache"],
-        )
+    def _prefill_apply(self, params, batch, **prefill):
+        return self.module.apply({"params": params},
+                                 jnp.asarray(batch["decoder_input_tokens"], jnp.int32),
+                                 prefix_mask=self._prefix(batch), mutable=["cache"], **prefill)
 
     def prompt_batch(self, inputs: Rows, decoder_prompts: Rows | None = None, *,
                      input_length: int, width: int | None = None) -> dict[str, np.ndarray]:
         """`decoder_input_tokens` = BOS + input (+ the forced decoder prompt), right-padded to
         the longest (or `width`), their `prompt_lengths`, and `decoder_causal_attention` = 1 on
         BOS + input: bidirectional in a prefix LM (`decode_prompt`), ignored by causal LMs."""
-        heads = [[PAD_ID, *ids] for ids in inputs]
-        rows = [h + (list(decoder_prompts[i]) if decoder_prompts else [])
-                for i, h in enumerate(heads)]
-        width = max(1, max(len(r) for r in rows)) if width is None else width
-        causal = np.stack([(np.arange(width) < len(h)).astype(np.int32) for h in heads])
-        return {"decoder_input_tokens": pad_ids(rows, width),
-                "prompt_lengths": np.asarray([len(r) for r in rows], np.int32),
-                "decoder_causal_attention": causal}
+        forced = decoder_prompts or [()] * len(inputs)
+        batch = _decoder_prompt([[PAD_ID, *ids, *p] for ids, p in zip(inputs, forced, strict=True)],
+                                width)
+        prefix = np.asarray([len(ids) + 1 for ids in inputs])[:, None]  # BOS + input
+        positions = np.arange(batch["decoder_input_tokens"].shape[1])
+        return {**batch, "decoder_causal_attention": (positions < prefix).astype(np.int32)}
 
     def rank_batch(self, inputs: Rows, *, input_length: int) -> dict[str, np.ndarray]:
         """Prompts `input_length + 1` wide (BOS + input, EOS included)."""
         return self.prompt_batch(inputs, input_length=input_length, width=input_length + 1)
 
     def score_batch(self, inputs: Rows, targets: Rows, *, input_length: int,
-                    target_length: int, has_inputs: bool = True) -> dict[str, np.ndarray]:
+                    target_length: int) -> dict[str, np.ndarray]:
         """Input + target ids as one sequence, `input_length + target_length` wide (a
         targets-only LM too: its prompt is a text to continue, up to `input_length` ids),
         shifted right into `decoder_input_tokens`, loss weights on the targets,
         `decoder_segment_ids` on the tokens, `decoder_causal_attention` on the inputs and the
-        first target position (used by prefix LMs only). `has_inputs` changes nothing here: the
-        caller already ended the inputs with EOS or not (`input_eos`)."""
-        del has_inputs
+        first target position (used by prefix LMs only). The caller already ended the inputs
+        with EOS or not (`input_eos`)."""
         task = {"inputs": input_length, "targets": target_length}
         width = self.config.family_record.stack_lengths(task)["decoder"]
         seq = pad_ids([[*h, *t] for h, t in zip(inputs, targets, strict=True)], width)
@@ -583,14 +538,6 @@ class DecoderOnlyModel(BaseModel):
                 "decoder_input_tokens": np.pad(seq[:, :-1], ((0, 0), (1, 0))),
                 "decoder_loss_weights": weights, "decoder_segment_ids": segments,
                 "decoder_causal_attention": causal}
-
-    def _example_features(self, sequence_length: Mapping[str, int], packed: bool
-                          ) -> dict[str, int]:
-        length = self.config.family_record.stack_lengths(sequence_length)["decoder"]
-        features = _decoder_features(length, packed)
-        if self.config.family_record.prefix_attention:
-            features["decoder_causal_attention"] = length
-        return features
 
     def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
         """For one sequence of L = inputs + targets tokens (PaLM appendix B): 6·N·L for the
@@ -626,11 +573,21 @@ def pad_ids(rows: Rows, width: int | None = None) -> np.ndarray:
     return out
 
 
-def _decoder_features(length: int, packed: bool) -> dict[str, int]:
-    names = ["decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights"]
+def _decoder_prompt(rows: Rows, width: int | None = None) -> dict[str, np.ndarray]:
+    """`decoder_input_tokens` (the rows, right-padded to `width`, default the longest) and
+    their `prompt_lengths`."""
+    return {"decoder_input_tokens": pad_ids(rows, width),
+            "prompt_lengths": np.asarray([len(r) for r in rows], np.int32)}
+
+
+def _stack_features(stack: str, length: int, packed: bool) -> dict[str, int]:
+    """Feature name -> length of one stack's ('encoder' or 'decoder') batch features
+    (DESIGN.md "Batches"); `packed` adds segment ids and positions."""
+    names = ["input_tokens"] if stack == "encoder" else [
+        "target_tokens", "input_tokens", "loss_weights"]
     if packed:
-        names += ["decoder_segment_ids", "decoder_positions"]
-    return dict.fromkeys(names, length)
+        names += ["segment_ids", "positions"]
+    return {f"{stack}_{name}": length for name in names}
 
 
 def parameter_count(config: TransformerConfig) -> int:

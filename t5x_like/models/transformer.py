@@ -44,31 +44,18 @@ assert set(CHECKPOINT_POLICIES) == set(REMAT_POLICIES) - {"none"}
 LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
 
 
-class EncoderLayer(nn.Module):
-    """Bidirectional self-attention then MLP. `x: [batch, length, embed]`."""
-
-    config: TransformerConfig
-    deterministic: bool = True
-
-    @nn.compact
-    def __call__(self, x: jax.Array, spec: MaskSpec, positions: jax.Array):
-        cfg, det = self.config, self.deterministic
-        h = make_norm(cfg, "pre_attention_layer_norm")(x)
-        h = MultiHeadAttention(cfg, deterministic=det, name="attention")(h, h, spec, positions)
-        x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
-        h = make_norm(cfg, "pre_mlp_layer_norm")(x)
-        h = MlpBlock(cfg, name="mlp")(h, det)
-        x = constrain(x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det), BATCH_LENGTH_EMBED)
-        return (x, None) if cfg.scan_layers else x
-
-
 class DecoderLayer(nn.Module):
-    """Self-attention, cross-attention (skipped when `cross_spec` is None), MLP."""
+    """Self-attention, cross-attention (skipped when `cross_spec` is None), MLP.
+
+    `x: [batch, length, embed]`. `SELF_ATTENTION`: the scope names of the self-attention
+    sublayer's norm and attention.
+    """
 
     config: TransformerConfig
     deterministic: bool = True
     decode: str | None = None
     max_decode_length: int | None = None
+    SELF_ATTENTION = ("pre_self_attention_layer_norm", "self_attention")
 
     @nn.compact
     def __call__(
@@ -81,8 +68,9 @@ class DecoderLayer(nn.Module):
     ):
         cfg, det = self.config, self.deterministic
         attn = dict(deterministic=det, decode=self.decode, max_decode_length=self.max_decode_length)
-        h = make_norm(cfg, "pre_self_attention_layer_norm")(x)
-        h = MultiHeadAttention(cfg, name="self_attention", **attn)(h, h, self_spec, positions)
+        norm_name, attention_name = self.SELF_ATTENTION
+        h = make_norm(cfg, norm_name)(x)
+        h = MultiHeadAttention(cfg, name=attention_name, **attn)(h, h, self_spec, positions)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
         if cross_spec is not None:
             h = make_norm(cfg, "pre_cross_attention_layer_norm")(x)
@@ -94,6 +82,12 @@ class DecoderLayer(nn.Module):
         h = MlpBlock(cfg, name="mlp")(h, det)
         x = constrain(x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det), BATCH_LENGTH_EMBED)
         return (x, None) if cfg.scan_layers else x
+
+
+class EncoderLayer(DecoderLayer):
+    """Bidirectional self-attention then MLP (no cross-attention), under T5X's encoder names."""
+
+    SELF_ATTENTION = ("pre_attention_layer_norm", "attention")
 
 
 def run_layers(
@@ -121,15 +115,9 @@ def run_layers(
     return x
 
 
-def _embed(
-    module: nn.Module,
-    embedder: Embed,
-    tokens: jax.Array,
-    positions: jax.Array,
-    deterministic: bool,
-) -> jax.Array:
+def _embed(cfg: TransformerConfig, embedder: Embed, tokens: jax.Array, positions: jax.Array,
+           deterministic: bool) -> jax.Array:
     """Token (+ learned absolute position) embeddings with dropout: `[B, L] -> [B, L, embed]`."""
-    cfg = module.config
     x = embedder(tokens)
     if cfg.position_encoding == "absolute":
         x = x + make_position_embedder(cfg)(positions)
@@ -150,48 +138,27 @@ class Encoder(nn.Module):
     shared_embedding: Embed
 
     @nn.compact
-    def __call__(
-        self,
-        tokens: jax.Array,
-        segment_ids: jax.Array,
-        positions: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        return _encode(self, self.shared_embedding, tokens, segment_ids, positions, deterministic,
-                       layer=EncoderLayer, relpos="relpos_bias")
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
+                 positions: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+        return _encode(self.config, self.shared_embedding, tokens, segment_ids, positions,
+                       deterministic, layer=EncoderLayer, relpos="relpos_bias")
 
 
-def _encode(
-    module: nn.Module,
-    embedder: Embed,
-    tokens: jax.Array,
-    segment_ids: jax.Array,
-    positions: jax.Array | None,
-    deterministic: bool,
-    *,
-    layer: type[nn.Module],
-    relpos: str,
-    no_cross: tuple = (),
-) -> jax.Array:
-    """An encoder pass `[B, Li] -> [B, Li, embed]` of `num_encoder_layers` `layer`s: fully-visible
-    self-attention within each segment, bidirectional relative bias (table `relpos`), then
-    `encoder_norm`. `no_cross`: the `(cross_spec, encoded)` Nones of a `DecoderLayer`."""
-    cfg = module.config
+def _encode(cfg: TransformerConfig, embedder: Embed, tokens: jax.Array, segment_ids: jax.Array,
+            positions: jax.Array | None, deterministic: bool, *, layer: type[nn.Module],
+            relpos: str) -> jax.Array:
+    """An encoder pass `[B, Li] -> [B, Li, embed]` of `num_encoder_layers` `layer`s (without
+    cross-attention): fully-visible self-attention within each segment, bidirectional relative
+    bias (table `relpos`), then `encoder_norm`."""
     positions = _default_positions(tokens, positions)
-    x = _embed(module, embedder, tokens, positions, deterministic)
+    x = _embed(cfg, embedder, tokens, positions, deterministic)
     relpos_bias = RelativePositionBias(cfg, name=relpos)
     spec = make_mask_spec(
-        q_segment_ids=segment_ids,
-        kv_segment_ids=segment_ids,
+        q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
         rel_table=relpos_bias() if cfg.position_encoding == "relative" else None,
-        rel_bidirectional=True,
-        rel_max_distance=cfg.relative_attention_max_distance,
-        impl=cfg.attention_impl,
-    )
-    x = run_layers(
-        layer, cfg, cfg.num_encoder_layers, x, spec, *no_cross, positions,
-        deterministic=deterministic,
-    )  # fmt: skip
+        rel_max_distance=cfg.relative_attention_max_distance, impl=cfg.attention_impl)
+    x = run_layers(layer, cfg, cfg.num_encoder_layers, x, spec, None, None, positions,
+                   deterministic=deterministic)
     x = make_norm(cfg, "encoder_norm")(x)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
@@ -230,8 +197,8 @@ class Decoder(nn.Module):
         if embedder is None:
             embedder = make_token_embedder(cfg)
         if as_encoder:
-            return _encode(self, embedder, tokens, segment_ids, positions, deterministic,
-                           layer=DecoderLayer, relpos="encoder_relpos_bias", no_cross=(None, None))
+            return _encode(cfg, embedder, tokens, segment_ids, positions, deterministic,
+                           layer=DecoderLayer, relpos="encoder_relpos_bias")
         relpos = RelativePositionBias(cfg, name="relpos_bias")
         table = relpos() if cfg.position_encoding == "relative" else None
         if decode == "step":
@@ -241,55 +208,37 @@ class Decoder(nn.Module):
             self.put_variable("cache", "cache_index", index + 1)
         else:
             self_spec = make_mask_spec(
-                q_segment_ids=segment_ids,
-                kv_segment_ids=segment_ids,
-                causal=True,
-                prefix_mask=prefix_mask,
-                q_length=tokens.shape[1],
-                kv_length=tokens.shape[1],
-                **self._rel_args(table),
-            )
+                q_segment_ids=segment_ids, kv_segment_ids=segment_ids, causal=True,
+                prefix_mask=prefix_mask, q_length=tokens.shape[1], kv_length=tokens.shape[1],
+                **self._rel_args(table))
             cross_spec = None
             if encoded is not None:
                 cross_spec = make_mask_spec(
-                    q_segment_ids=segment_ids,
-                    kv_segment_ids=encoder_segment_ids,
-                    q_length=tokens.shape[1],
-                    impl=cfg.attention_impl,
-                )
+                    q_segment_ids=segment_ids, kv_segment_ids=encoder_segment_ids,
+                    q_length=tokens.shape[1], impl=cfg.attention_impl)
             if decode == "prefill":
                 self._init_cache(tokens, encoder_segment_ids, max_decode_length, prompt_lengths)
         positions = _default_positions(tokens, positions)
-        x = _embed(self, embedder, tokens, positions, deterministic)
-        x = run_layers(
-            DecoderLayer, cfg, cfg.num_decoder_layers, x, self_spec, cross_spec, encoded,
-            positions, deterministic=deterministic, decode=decode,
-            max_decode_length=max_decode_length,
-        )  # fmt: skip
+        x = _embed(cfg, embedder, tokens, positions, deterministic)
+        x = run_layers(DecoderLayer, cfg, cfg.num_decoder_layers, x, self_spec, cross_spec,
+                       encoded, positions, deterministic=deterministic, decode=decode,
+                       max_decode_length=max_decode_length)
         x = make_norm(cfg, "decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         return constrain(self._logits(embedder, x), LOGITS_AXES)
 
     def _rel_args(self, table: jax.Array | None) -> dict:
+        """The self-attention spec's relative bias (unidirectional) and attention impl."""
         cfg = self.config
-        return dict(
-            rel_table=table,
-            rel_bidirectional=False,
-            rel_max_distance=cfg.relative_attention_max_distance,
-            impl=cfg.attention_impl,
-        )
+        return dict(rel_table=table, rel_bidirectional=False,
+                    rel_max_distance=cfg.relative_attention_max_distance, impl=cfg.attention_impl)
 
     def _step_specs(self, index: jax.Array, table: jax.Array | None):
         """One query per example at `index [B]` against the whole cache (and the encoder)."""
         cache_length = self.get_variable("cache", "cache_length").shape[0]
         self_spec = make_mask_spec(
-            q_segment_ids=None,
-            kv_segment_ids=None,
-            causal=True,
-            q_index=index[:, None],
-            k_index=jnp.arange(cache_length, dtype=jnp.int32)[None],
-            **self._rel_args(table),
-        )
+            q_segment_ids=None, kv_segment_ids=None, causal=True, q_index=index[:, None],
+            k_index=jnp.arange(cache_length, dtype=jnp.int32)[None], **self._rel_args(table))
         cross_spec = None
         if self.has_variable("cache", "encoder_segment_ids"):
             enc_seg = self.get_variable("cache", "encoder_segment_ids")
@@ -336,16 +285,11 @@ class EncoderDecoder(nn.Module):
     ) -> jax.Array:
         """`[B, Li]` -> `[B, Li, embed]`."""
         if self.config.shared_encoder_decoder:
-            return self.decoder(
-                encoder_input_tokens,
-                segment_ids=encoder_segment_ids,
-                positions=encoder_positions,
-                deterministic=deterministic,
-                as_encoder=True,
-            )
-        return self.encoder(
-            encoder_input_tokens, encoder_segment_ids, encoder_positions, deterministic
-        )
+            return self.decoder(encoder_input_tokens, segment_ids=encoder_segment_ids,
+                                positions=encoder_positions, deterministic=deterministic,
+                                as_encoder=True)
+        return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                            deterministic)
 
     def decode(self, decoder_input_tokens: jax.Array, **kwargs) -> jax.Array:
         """Decoder pass (`Decoder.__call__` keywords) -> logits `[B, Lt, vocab]`."""
@@ -363,17 +307,11 @@ class EncoderDecoder(nn.Module):
         deterministic: bool = True,
     ) -> jax.Array:
         """Teacher-forced logits `[B, Lt, vocab]`."""
-        encoded = self.encode(
-            encoder_input_tokens, encoder_segment_ids, encoder_positions, deterministic
-        )
-        return self.decoder(
-            decoder_input_tokens,
-            segment_ids=decoder_segment_ids,
-            positions=decoder_positions,
-            encoded=encoded,
-            encoder_segment_ids=encoder_segment_ids,
-            deterministic=deterministic,
-        )
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                              deterministic)
+        return self.decoder(decoder_input_tokens, segment_ids=decoder_segment_ids,
+                            positions=decoder_positions, encoded=encoded,
+                            encoder_segment_ids=encoder_segment_ids, deterministic=deterministic)
 
 
 class DecoderOnly(nn.Module):

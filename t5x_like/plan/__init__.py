@@ -4,10 +4,9 @@
 remat=...)`` computes, per device and without allocating anything:
 
 - parameters and optimizer state: ``jax.eval_shape`` of the model init and of the optimizer's
-  ``init``, partitioned with ``train.partitioning``'s own rules (``param_shardings`` /
-  ``derived_state_shardings``) on an ``AbstractMesh`` of the requested shape, so no devices are
-  needed; each leaf's shard shape is exact (an indivisible dimension stays replicated, as in
-  training);
+  ``init``, partitioned with ``train.partitioning``'s own rules on an ``AbstractMesh`` of the
+  requested shape, so no devices are needed; each leaf's shard shape is exact (an indivisible
+  dimension stays replicated, as in training);
 - gradients: fp32 like the parameters and sharded like them (twice that with microbatching:
   the accumulator and the current microbatch's gradients). On an accelerator they do not add
   to the activations: XLA:TPU's peak is where the backward pass starts, with every residual
@@ -16,25 +15,16 @@ remat=...)`` computes, per device and without allocating anything:
   microbatch accumulator and the gathered weights). XLA:CPU (``compiler='cpu'``) holds both;
 - all-gathered weights: with sharded parameters, two layers' full weights in the activation
   dtype (the layer being computed and the next one being gathered);
-- activations: the residuals ``jax.vjp`` of the loss saves for the backward pass, read off the
-  traced jaxpr (inputs excluded) for each ``remat_policy``, at the per-device microbatch. The
-  trace uses 1 and 2 layers and extrapolates linearly (layers are identical), so the 11B
-  configs take seconds. Batch-led residuals are activations (divided by the ``model`` axis for
-  the tensor-parallel presets when a dimension is a head / MLP / vocabulary size); the rest
-  (bf16 weight casts, bias tables) scale like the parameter shards. With remat, one layer's
-  un-rematerialised residuals are added for the recomputation during the backward pass.
-  By default (``compiler='accelerator'``) only what XLA:TPU / XLA:GPU keep after fusion is
-  counted: a residual computed from others through elementwise ops only is recomputed inside
-  the backward fusion (``activations._FUSION_PLANS``), unless it reads a weight all-gathered by
-  pure FSDP, which XLA does not recompute from; ``compiler='cpu'`` counts every residual, as
-  XLA:CPU keeps them (the every-residual count was 2.5x XLA:TPU's total for T5-base on v5e-16);
+- activations: the residuals ``jax.vjp`` of the loss saves for the backward pass, per
+  ``remat_policy`` (``activations``): by default those XLA:TPU / XLA:GPU keep after fusion;
+  with ``compiler='cpu'`` every one, as XLA:CPU keeps them (2.5x XLA:TPU's total for T5-base
+  on v5e-16);
 - FLOPs per step: ``model.flops_per_sequence`` x batch, plus what each remat policy recomputes.
 
-On an accelerator the temporaries are scaled by ``HEAP_OVERHEAD``, the allocator's
-fragmentation measured in XLA:TPU's buffer assignment. What it leaves out: XLA's own
-temporaries (collective buffers, fusion workspaces). ``tests/test_plan.py`` compares against
-``jax.jit(train_step).lower(...).compile().memory_analysis()`` on CPU fake devices;
-``scripts/bench_aot.py`` against XLA:TPU and XLA:GPU (``benchmarks/aot.md``).
+On an accelerator the temporaries are scaled by ``HEAP_OVERHEAD`` (allocator fragmentation);
+XLA's own temporaries (collective buffers, fusion workspaces) are left out. ``tests/test_plan.py``
+compares against ``jax.jit(train_step).lower(...).compile().memory_analysis()`` on CPU fake
+devices; ``scripts/bench_aot.py`` against XLA:TPU and XLA:GPU (``benchmarks/aot.md``).
 """
 
 from __future__ import annotations
@@ -45,7 +35,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax.linen as nn
 import gin
@@ -53,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
-from t5x_like import flags
+from t5x_like import flags, gin_utils
 from t5x_like.models import TransformerConfig, make_model
 from t5x_like.models.config import REMAT_POLICIES
 from t5x_like.plan.activations import activation_bytes, boxed_params
@@ -61,7 +51,7 @@ from t5x_like.train import partitioning
 from t5x_like.train.optimizers import Optimizer, create_optimizer
 
 GIB = 1024**3
-#: What the activation estimate models (see ``plan``'s ``compiler``).
+#: ``plan``'s ``compiler``: XLA:TPU / XLA:GPU after fusion, or XLA:CPU (every residual kept).
 COMPILERS = ("accelerator", "cpu")
 #: XLA:TPU's heap over its buffers' live peak (buffer-assignment dumps, T5-small on v5e-16:
 #: 1.06 data parallel, 1.09 FSDP): the planner's accelerator temp is scaled by it.
@@ -82,25 +72,20 @@ def _mesh(mesh_shape: Sequence[int], num_devices: int | None) -> tuple[int, int,
     return partitioning.resolve_mesh_shape(shape, n)
 
 
-def _shard_bytes(abstract: Any, shardings: Any) -> int:
+def _tree_bytes(abstract: Any, shardings: Any = None) -> int:
+    """Bytes of an abstract tree: whole, or per device (each leaf's shard) with ``shardings``."""
     leaves = jax.tree.leaves(abstract)
-    shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    total = 0
-    for a, s in zip(leaves, shards, strict=True):
-        total += math.prod(s.shard_shape(a.shape)) * jnp.dtype(a.dtype).itemsize
-    return total
+    if shardings is not None:
+        shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        leaves = [jax.ShapeDtypeStruct(s.shard_shape(a.shape), a.dtype)
+                  for a, s in zip(leaves, shards, strict=True)]
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in leaves)
 
 
-def _global_bytes(abstract: Any) -> int:
-    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(abstract))
-
-
-def gathered_weight_bytes(params: Any, dtype: Any, sharded: bool, model_axis: int = 1) -> float:
+def gathered_weight_bytes(params: Any, dtype: Any, model_axis: int = 1) -> float:
     """FSDP all-gather buffers: twice (this layer + the prefetched next) the largest layer's
     (or non-layer parameter's) weights in the activation ``dtype``, divided by the
-    tensor-parallel ``model_axis`` (those shards are never gathered); 0 when unsharded."""
-    if not sharded:
-        return 0.0
+    tensor-parallel ``model_axis`` (those shards are never gathered)."""
     groups: dict[tuple[str, ...], int] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         names = tuple(str(getattr(k, "key", k)) for k in path)
@@ -127,43 +112,44 @@ def plan(
 ) -> dict[str, Any]:
     """Per-device memory (bytes) and FLOPs of one training step; see the module docstring.
 
-    ``mesh_shape``: ``(data, fsdp, model)``, one -1 allowed when ``num_devices`` is given.
-    ``remat``: the policy of the ``total_bytes`` line (default ``config.remat_policy``);
-    every policy's activations are reported. ``optimizer``: 'adafactor' / 'adamw' (through
-    ``create_optimizer``, so gin bindings such as ``adafactor.factored`` apply) or an Optimizer.
-    ``compiler``: 'accelerator' (XLA:TPU / XLA:GPU, which fuse elementwise recomputation into
-    the backward pass) or 'cpu' (XLA:CPU, which keeps every residual of the jaxpr).
+    ``mesh_shape``: ``(data, fsdp, model)``, one -1 allowed with ``num_devices``. ``remat``: the
+    policy of ``total_bytes`` (default ``config.remat_policy``; every policy is reported).
+    ``optimizer``: 'adafactor' / 'adamw' (``create_optimizer``, so gin bindings such as
+    ``adafactor.factored`` apply) or an Optimizer. ``compiler``: one of ``COMPILERS``.
     """
     if compiler not in COMPILERS:
         raise ValueError(f"compiler={compiler!r}; choose one of {COMPILERS}")
     _check_counts(batch_size=batch_size, num_microbatches=num_microbatches,
                   sequence_length=sequence_length, device_memory_gb=device_memory_gb)
     shape = _mesh(mesh_shape, num_devices)
-    remat = _check_remat(config.remat_policy if remat is None else remat)
+    remat = config.remat_policy if remat is None else remat
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r}; choose one of {REMAT_POLICIES}")
     rules = partitioning.logical_axis_rules(preset)
     amesh = AbstractMesh(shape, partitioning.MESH_AXES)
     per_device_batch = _per_device_batch(batch_size, num_microbatches, amesh, rules, preset)
-    state = _state_bytes(config, sequence_length, optimizer, num_microbatches, amesh, rules)
+    params, fsdp_split, state, whole = _state_bytes(config, sequence_length, optimizer,
+                                                    num_microbatches, amesh, rules)
     tp_axis = shape[2] if preset in _TP_PRESETS else 1
     acts = activation_bytes(
         config, per_device_batch=per_device_batch, sequence_length=sequence_length,
-        model_axis=shape[2], tp=preset in _TP_PRESETS,
-        param_ratio=state.params / max(state.global_params, 1), packed=packed,
-        fused=compiler != "cpu", gathered=_fsdp_gathered(shape, preset, state.param_shardings))
-    gathered = gathered_weight_bytes(state.abstract_params, config.activation_dtype,
-                                     state.params < state.global_params, tp_axis)
+        model_axis=tp_axis, param_ratio=state["params"] / max(whole["params"], 1),
+        packed=packed, fused=compiler != "cpu",
+        gathered=shape[1] > 1 and tp_axis == 1 and fsdp_split)  # pure FSDP
+    gathered = (gathered_weight_bytes(params, config.activation_dtype, tp_axis)
+                if state["params"] < whole["params"] else 0.0)  # none when unsharded
     model = make_model(config)
     parts = model.flops_breakdown(dict(sequence_length))
     # The f32 gradient of the logits, [batch, positions, vocab] per device (vocab split by TP).
     positions = parts["output"] / (6 * config.emb_dim * config.vocab_size)
     logits_grad = per_device_batch * positions * config.vocab_size * 4 / tp_axis
     temp = _temp_bytes(compiler, acts, state, gathered, logits_grad)
-    totals = {k: state.params + state.optimizer_state + v for k, v in temp.items()}
+    totals = {k: state["params"] + state["optimizer_state"] + v for k, v in temp.items()}
     flops = float(model.flops_per_sequence(dict(sequence_length))) * batch_size
     memory = None if device_memory_gb is None else float(device_memory_gb) * GIB
     return {
         "family": config.family,
-        "num_params": sum(math.prod(a.shape) for a in jax.tree.leaves(state.abstract_params)),
+        "num_params": sum(math.prod(a.shape) for a in jax.tree.leaves(params)),
         "mesh": dict(zip(partitioning.MESH_AXES, shape, strict=True)),
         "num_devices": math.prod(shape),
         "preset": preset,
@@ -173,13 +159,9 @@ def plan(
         "per_device_batch": per_device_batch,
         "sequence_length": dict(sequence_length),
         "remat": remat,
-        "bytes_per_device": {
-            "params": state.params, "optimizer_state": state.optimizer_state,
-            "gradients": state.gradients, "gathered_weights": gathered, "activations": acts,
-            "logits_gradient": logits_grad, "temp": temp, "total": totals,
-        },
-        "global_bytes": {"params": state.global_params,
-                         "optimizer_state": state.global_optimizer_state},
+        "bytes_per_device": {**state, "gathered_weights": gathered, "activations": acts,
+                             "logits_gradient": logits_grad, "temp": temp, "total": totals},
+        "global_bytes": whole,
         "total_bytes": totals[remat],
         "device_memory_bytes": memory,
         "fits": None if memory is None else totals[remat] <= memory,
@@ -187,13 +169,6 @@ def plan(
         "flops_per_device_per_step": flops / math.prod(shape),
         "recompute_flops_per_step": _recompute_flops(parts, flops, batch_size),
     }
-
-
-def _check_remat(remat: str) -> str:
-    """`remat` if it names a policy, else ValueError listing them."""
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat={remat!r}; choose one of {REMAT_POLICIES}")
-    return remat
 
 
 def _per_device_batch(batch_size: int, num_microbatches: int, amesh: AbstractMesh,
@@ -207,58 +182,39 @@ def _per_device_batch(batch_size: int, num_microbatches: int, amesh: AbstractMes
     return batch_size // shards // num_microbatches
 
 
-class _StateBytes(NamedTuple):
-    """Parameters, optimizer state and gradients of a plan: per-device and global bytes."""
-
-    abstract_params: Any   # unboxed `jax.ShapeDtypeStruct` tree
-    param_shardings: Any   # NamedSharding per parameter
-    params: int            # per-device bytes
-    optimizer_state: int
-    gradients: int
-    global_params: int     # bytes of the whole (unsharded) tree
-    global_optimizer_state: int
-
-
 def _state_bytes(config: TransformerConfig, sequence_length: Mapping[str, int],
                  optimizer: str | Optimizer, num_microbatches: int, amesh: AbstractMesh,
-                 rules: partitioning.LogicalRules) -> _StateBytes:
-    """Shards the abstract parameters and optimizer state with the training rules on `amesh`;
-    gradients are fp32 like the parameters, twice that with microbatches (the accumulator)."""
+                 rules: partitioning.LogicalRules
+                 ) -> tuple[Any, bool, dict[str, int], dict[str, int]]:
+    """(abstract parameters, whether any is split over `fsdp`, bytes per device, whole bytes):
+    parameters, optimizer state and gradients (fp32, twice with microbatches: the accumulator)
+    sharded with the training rules on `amesh`; the unsharded parameters and optimizer state."""
     boxed = boxed_params(config, tuple(sorted(sequence_length)))
     logical, param_sh = partitioning.param_shardings(boxed, amesh, rules)
     params = nn.unbox(boxed)
     opt = create_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
     opt_abstract = jax.eval_shape(opt.tx.init, params)
     opt_sh = partitioning.derived_state_shardings(opt_abstract, params, logical, amesh, rules)
-    param_b = _shard_bytes(params, param_sh)
-    return _StateBytes(params, param_sh, param_b, _shard_bytes(opt_abstract, opt_sh),
-                       param_b * (2 if num_microbatches > 1 else 1), _global_bytes(params),
-                       _global_bytes(opt_abstract))
+    fsdp_split = any("fsdp" in jax.tree.leaves(tuple(s.spec)) for s in jax.tree.leaves(param_sh))
+    param_b = _tree_bytes(params, param_sh)
+    per_device = {"params": param_b, "optimizer_state": _tree_bytes(opt_abstract, opt_sh),
+                  "gradients": param_b * (2 if num_microbatches > 1 else 1)}
+    whole = {"params": _tree_bytes(params), "optimizer_state": _tree_bytes(opt_abstract)}
+    return params, fsdp_split, per_device, whole
 
 
-def _fsdp_gathered(shape: Sequence[int], preset: str, param_shardings: Any) -> bool:
-    """Whether weights reach the step through an FSDP all-gather (pure FSDP).
-
-    Weights split over `fsdp` are all-gathered before use (tensor-parallel splits are not).
-    With a `model` axis too, XLA:TPU recomputes the norm outputs all the same (T5 fsdp_tp on
-    v5e-16 stores only the norm inputs), so the rule is for pure FSDP."""
-    return shape[1] > 1 and not (preset in _TP_PRESETS and shape[2] > 1) and any(
-        "fsdp" in jax.tree.leaves(tuple(s.spec)) for s in jax.tree.leaves(param_shardings))
-
-
-def _temp_bytes(compiler: str, acts: Mapping[str, float], state: _StateBytes,
+def _temp_bytes(compiler: str, acts: Mapping[str, float], state: Mapping[str, int],
                 gathered: float, logits_grad: float) -> dict[str, float]:
     """{policy: temporaries} per device: the one place the parts are combined (DESIGN.md)."""
     if compiler == "cpu":  # XLA:CPU: every residual and the whole gradient at once
-        return {k: state.gradients + gathered + v for k, v in acts.items()}
+        return {k: state["gradients"] + gathered + v for k, v in acts.items()}
     # The peak is where the backward pass starts (see the module docstring).
-    accum = state.gradients - state.params
-    return {k: HEAP_OVERHEAD * (accum + gathered + max(v + logits_grad, state.params))
+    accum = state["gradients"] - state["params"]
+    return {k: HEAP_OVERHEAD * (accum + gathered + max(v + logits_grad, state["params"]))
             for k, v in acts.items()}
 
 
-def _recompute_flops(parts: Mapping[str, float], flops: float,
-                     batch_size: int) -> dict[str, float]:
+def _recompute_flops(parts: Mapping[str, float], flops: float, batch_size: int) -> dict[str, float]:
     """{policy: FLOPs per step recomputed under remat}: 'minimal' redoes the attention's
     forward, 'full' every layer's forward (a third of their training FLOPs)."""
     attn = float(parts["attention"]) * batch_size
@@ -306,11 +262,8 @@ def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
                          "must be >= 1")
     for name in ("data_parallel", "fsdp", "fsdp_tp"):
         shape, preset = preset_mesh(name, num_devices, devices_per_host)
-        shards = shape[0] * shape[1]
-        if batch_size % shards:
-            continue
         mb = 1
-        while batch_size % (shards * mb) == 0:
+        while batch_size % (shape[0] * shape[1] * mb) == 0:  # batch shards x microbatches
             result = plan(config, batch_size=batch_size, sequence_length=sequence_length,
                           mesh_shape=shape, preset=preset, optimizer=optimizer,
                           num_microbatches=mb, device_memory_gb=device_memory_gb)
@@ -388,16 +341,16 @@ def _parse_lengths(text: str) -> dict[str, int]:
     except ValueError:
         lengths = {}
     if not lengths or min(lengths.values()) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected FEATURE=LENGTH pairs with lengths >= 1, e.g. inputs=512,targets=114; "
-            f"got {text!r}")
+        raise argparse.ArgumentTypeError("expected FEATURE=LENGTH pairs with lengths >= 1, e.g. "
+                                         f"inputs=512,targets=114; got {text!r}")
     return lengths
 
 
-def _fit_advice(fix: Mapping[str, Any] | None) -> str:
+def _fit_advice(fix: Mapping[str, Any] | None, where: str = "on these devices") -> str:
+    """The change that would fit (``fits_with``), or that nothing does ``where``."""
     if fix is None:
-        return ("nothing fits on these devices, even with fsdp_tp, full remat and microbatches: "
-                "add devices or lower train.batch_size")
+        return (f"nothing fits {where}, even with fsdp_tp, full remat and microbatches: add "
+                "devices or lower train.batch_size")
     return (f"fits with {fix['sharding']}, remat={fix['remat']}, {fix['num_microbatches']} "
             f"microbatch(es) ({fix['total_bytes'] / GIB:.2f} GiB): " + " ".join(fix["gin_flags"]))
 
@@ -407,18 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__.split("\n")[0])
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
-    p.add_argument("--mesh", type=flags.mesh_shape, default=None,
+    p.add_argument("--mesh", type=flags.mesh_shape,
                    help="data,fsdp,model (one may be -1); default: gin's")
-    p.add_argument("--num_devices", type=flags.positive_int, default=None)
+    p.add_argument("--num_devices", type=flags.positive_int)
     p.add_argument("--devices_per_host", type=flags.positive_int, default=8)
-    p.add_argument("--preset", default=None, help="rules preset; default: gin's")
-    p.add_argument("--optimizer", default=None, choices=("adafactor", "adamw"))
-    p.add_argument("--remat", default=None, choices=REMAT_POLICIES)
-    p.add_argument("--batch_size", type=flags.positive_int, default=None)
-    p.add_argument("--sequence_length", type=_parse_lengths, default=None,
-                   help="e.g. inputs=512,targets=114")
-    p.add_argument("--num_microbatches", type=flags.positive_int, default=None)
-    p.add_argument("--device_memory_gb", type=flags.positive_float, default=None)
+    p.add_argument("--preset", help="rules preset; default: gin's")
+    p.add_argument("--optimizer", choices=("adafactor", "adamw"))
+    p.add_argument("--remat", choices=REMAT_POLICIES)
+    p.add_argument("--batch_size", type=flags.positive_int)
+    p.add_argument("--sequence_length", type=_parse_lengths, help="e.g. inputs=512,targets=114")
+    p.add_argument("--num_microbatches", type=flags.positive_int)
+    p.add_argument("--device_memory_gb", type=flags.positive_float)
     p.add_argument("--recommend", action="store_true",
                    help="search data_parallel/fsdp/fsdp_tp x remat x microbatches (needs "
                         "--num_devices and --device_memory_gb)")
@@ -429,45 +381,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _recommend_from_flags(args: argparse.Namespace, config: TransformerConfig,
-                          lengths: Mapping[str, int], batch: int,
-                          optimizer: str) -> dict[str, Any] | None:
-    """``--recommend``: `recommend`'s result with its ``gin_flags``; None if nothing fits."""
-    if args.num_devices is None or args.device_memory_gb is None:
+                          num_devices: int | None) -> dict[str, Any] | None:
+    """`recommend`'s result on ``num_devices`` with its ``gin_flags``; None if nothing fits."""
+    if num_devices is None or args.device_memory_gb is None:
         raise ValueError("--recommend needs --num_devices and --device_memory_gb")
-    result = recommend(config, num_devices=args.num_devices, batch_size=batch,
-                       sequence_length=lengths, device_memory_gb=args.device_memory_gb,
-                       optimizer=optimizer, devices_per_host=args.devices_per_host)
+    result = recommend(config, num_devices=num_devices, batch_size=args.batch_size,
+                       sequence_length=args.sequence_length,
+                       device_memory_gb=args.device_memory_gb, optimizer=args.optimizer,
+                       devices_per_host=args.devices_per_host)
     if result is not None:
         result["gin_flags"] = recommend_flags(result)
     return result
 
 
-def _plan_from_flags(args: argparse.Namespace, config: TransformerConfig,
-                     lengths: Mapping[str, int], batch: int, optimizer: str) -> dict[str, Any]:
+def _plan_from_flags(args: argparse.Namespace, config: TransformerConfig) -> dict[str, Any]:
     """`plan` of the flags (mesh, preset and microbatches from gin where not given); when it
     does not fit, ``fits_with`` names the cheapest change that would (`recommend`)."""
     n = args.num_devices
-    if args.mesh:
-        mesh = list(args.mesh)
-    else:
-        per_host = min(args.devices_per_host, n) if n else None
-        mesh = gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
-                         devices_per_host=per_host)
+    mesh = args.mesh or gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
+                                  devices_per_host=min(args.devices_per_host, n) if n else None)
     preset = args.preset or gin_value("logical_axis_rules.preset", "fsdp")
-    result = plan(config, batch_size=batch, sequence_length=lengths, mesh_shape=mesh,
-                  preset=preset, optimizer=optimizer, remat=args.remat,
-                  num_microbatches=args.num_microbatches
-                  or gin_value("train.num_microbatches", 1),
-                  num_devices=n, device_memory_gb=args.device_memory_gb,
-                  compiler=args.compiler)
+    result = plan(config, batch_size=args.batch_size, sequence_length=args.sequence_length,
+                  mesh_shape=mesh, preset=preset, optimizer=args.optimizer, remat=args.remat,
+                  num_microbatches=args.num_microbatches or gin_value("train.num_microbatches", 1),
+                  num_devices=n, device_memory_gb=args.device_memory_gb, compiler=args.compiler)
     if result["fits"] is False:  # name the cheapest change that would fit
-        found = recommend(config, num_devices=result["num_devices"], batch_size=batch,
-                          sequence_length=lengths, device_memory_gb=args.device_memory_gb,
-                          optimizer=optimizer, devices_per_host=args.devices_per_host)
-        result["fits_with"] = None if found is None else {
-            "sharding": found["sharding"], "remat": found["remat"],
-            "num_microbatches": found["num_microbatches"],
-            "total_bytes": found["total_bytes"], "gin_flags": recommend_flags(found)}
+        found = _recommend_from_flags(args, config, result["num_devices"])
+        keys = ("sharding", "remat", "num_microbatches", "total_bytes", "gin_flags")
+        result["fits_with"] = None if found is None else {k: found[k] for k in keys}
     return result
 
 
@@ -485,36 +426,29 @@ def _print_result(result: Mapping[str, Any], as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m t5x_like.plan``; returns the exit status (1: does not fit, 2: bad config)."""
-    from t5x_like import gin_utils
-
     if not os.environ.get("JAX_PLATFORMS"):  # shapes and arithmetic only: never initialise a
         jax.config.update("jax_platforms", "cpu")  # GPU/TPU plugin (a venv may hold them)
-
-    p = build_parser()
-    try:
-        rest, gin_flags = gin_utils.split_gin_flags(sys.argv[1:] if argv is None else argv)
-    except gin_utils.ConfigError as err:
-        p.error(str(err))
-    args = p.parse_args(rest)
+    args, gin_flags = gin_utils.parse_flags(build_parser(),
+                                            sys.argv[1:] if argv is None else argv)
     try:
         gin_utils.parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags])
         config = TransformerConfig()
-        lengths = args.sequence_length or gin_value("train.sequence_length")
-        if lengths is None:
+        # Gin fills what the flags leave out.
+        args.sequence_length = args.sequence_length or gin_value("train.sequence_length")
+        if args.sequence_length is None:
             raise ValueError("no sequence length: bind train.sequence_length or pass "
                              "--sequence_length=inputs=512,targets=114")
-        batch = args.batch_size or gin_value("train.batch_size", 128)
-        optimizer = args.optimizer or gin_value("create_optimizer.name", "adafactor")
+        args.batch_size = args.batch_size or gin_value("train.batch_size", 128)
+        args.optimizer = args.optimizer or gin_value("create_optimizer.name", "adafactor")
         if args.recommend:
-            result = _recommend_from_flags(args, config, lengths, batch, optimizer)
+            result = _recommend_from_flags(args, config, args.num_devices)
             if result is None:
-                print(f"nothing fits {args.device_memory_gb:g} GiB on {args.num_devices} "
-                      f"devices at batch {batch}, even with fsdp_tp, full remat and "
-                      "microbatches: add devices or lower train.batch_size", file=sys.stderr)
+                print(_fit_advice(None, f"{args.device_memory_gb:g} GiB on {args.num_devices} "
+                                  f"devices at batch {args.batch_size}"), file=sys.stderr)
                 return 1
         else:
-            result = _plan_from_flags(args, config, lengths, batch, optimizer)
-    except (ValueError, gin_utils.ConfigError) as err:
+            result = _plan_from_flags(args, config)
+    except ValueError as err:  # gin_utils.ConfigError too
         print(f"error: {err}", file=sys.stderr)
         return 2
     _print_result(result, args.json)

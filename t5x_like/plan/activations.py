@@ -1,11 +1,14 @@
 """Activation memory of a training step, read off its traced jaxpr (`plan`'s activations term).
 
-`activation_bytes(config, ...)` traces `jax.vjp` of the loss at 1 and 2 layers per stack
-(`config.layer_stacks()`) for each remat policy and extrapolates linearly (`_extrapolate`); the
-residuals saved for the backward pass are counted at the per-device microbatch, batch-led ones
-as activations, the rest (weight casts, bias tables) like the parameter shards. With
-`compiler='accelerator'`, residuals XLA recomputes inside the backward fusion (elementwise-only
-chains, `_FUSION_PLANS`) are not counted.
+`activation_bytes(config, ...)` traces `jax.vjp` of the loss at 1 and 2 layers per stack for
+each remat policy and extrapolates linearly (layers are identical; with remat, plus one layer's
+un-rematerialised residuals for the recomputation). The residuals saved for the backward pass
+(inputs excluded) are counted at the per-device microbatch: batch-led ones as activations
+(divided by the tensor-parallel `model` axis when a dimension is a head / MLP / vocabulary
+size), the rest (bf16 weight casts, bias tables) like the parameter shards. For an accelerator,
+a residual computed from others through elementwise ops only is recomputed inside the backward
+fusion (`_FUSION_PLANS`) and not counted, unless it reads a weight all-gathered by pure FSDP,
+which XLA does not recompute from.
 """
 
 from __future__ import annotations
@@ -31,17 +34,14 @@ _TRACE_BATCH = 2
 @functools.lru_cache(maxsize=256)
 def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
                packed: bool, fused: str = "", gathered: bool = False) -> tuple[Any, ...]:
-    """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (inputs excluded);
-    ``fused``: what is left after elementwise fusion under that plan (``_FUSION_PLANS``);
-    ``gathered``: the weights are split over ``fsdp`` (pure FSDP), so each reaches the step
-    through a collective."""
+    """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (inputs and scalars
+    excluded); ``fused``: what is left after elementwise fusion under that plan
+    (``_FUSION_PLANS``); ``gathered``: the weights reach the step through an FSDP all-gather."""
     model = make_model(config)
     lengths = dict(sequence_length)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
              model.example_batch(_TRACE_BATCH, lengths, packed=packed).items()}
-    small = model.example_batch(1, {k: 8 for k in lengths})
-    params = jax.eval_shape(
-        lambda r: nn.unbox(model.init_variables(r, small)["params"]), jax.random.key(0))
+    params = nn.unbox(boxed_params(config, tuple(lengths)))
     rng = jax.random.key(1) if config.dropout_rate > 0 else None
 
     def saved(p: Any, b: Any) -> list[jax.Array]:
@@ -50,13 +50,8 @@ def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int]
 
     jaxpr = jax.make_jaxpr(saved)(params, batch).jaxpr
     inputs = {id(v) for v in jaxpr.invars}
-    seen: set[int] = set()
-    out = []
-    for v in jaxpr.outvars:
-        if not hasattr(v, "aval") or id(v) in inputs or id(v) in seen or not v.aval.shape:
-            continue
-        seen.add(id(v))
-        out.append(v)
+    out = list({id(v): v for v in jaxpr.outvars  # once each, in order
+                if hasattr(v, "aval") and id(v) not in inputs and v.aval.shape}.values())
     if fused:
         weights = jaxpr.invars[: len(jax.tree.leaves(params))] if gathered else ()
         out = _FUSION_PLANS[fused](jaxpr, out, {id(w) for w in weights})
@@ -64,15 +59,13 @@ def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int]
 
 
 #: Primitives XLA fuses into their consumers (elementwise, broadcasts, layout changes): a
-#: residual computed from others through only these is recomputed in the backward fusion
-#: instead of being kept in memory.
+#: residual computed through only these is recomputed in the backward fusion, not stored.
 _ELEMENTWISE = frozenset((
     "abs", "add", "and", "broadcast_in_dim", "ceil", "clamp", "convert_element_type", "copy",
     "copy_p", "cos", "div", "eq", "erf", "exp", "exp2", "expand_dims", "floor", "ge", "gt",
     "integer_pow", "iota", "is_finite", "le", "log", "log1p", "logistic", "lt", "max", "min",
     "mul", "ne", "neg", "not", "or", "pow", "reshape", "rem", "round", "rsqrt", "select_n",
-    "sign", "sin", "sqrt", "square", "squeeze", "stop_gradient", "sub", "tanh", "transpose",
-    "xor",
+    "sign", "sin", "sqrt", "square", "squeeze", "stop_gradient", "sub", "tanh", "transpose", "xor",
 ))
 
 
@@ -116,20 +109,16 @@ def _roots(v: Any, producer: Mapping[int, Any], done: Callable[[int], bool],
 
 def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any],
                            gathered: frozenset[int] | set[int] = frozenset()) -> list[Any]:
-    """What an accelerator compiler keeps of ``residuals``: each residual is either stored or
-    recomputed inside a backward fusion from its *roots*: the nearest values upstream through
-    elementwise ops only that are matmul / reduction / gather outputs (stored then), values
-    already stored, or the step's inputs (in memory anyway).
+    """What an accelerator compiler keeps of ``residuals``: each is stored, or recomputed inside
+    a backward fusion from its ``_roots`` (values already stored and the step's inputs are free)
+    unless it reads a ``gathered`` weight input (ids): XLA does not recompute from an FSDP
+    all-gather's output (XLA:TPU stores a norm's ``x * rsqrt(var) * scale``: T5 on v5e-16 keeps
+    twice the residual-stream copies of data parallel).
 
-    ``gathered``: ids of weight inputs that arrive through an all-gather (FSDP). XLA does not
-    recompute a chain that reads a collective's output (a norm's ``x * rsqrt(var) * scale``
-    with an all-gathered ``scale``): such a residual is stored (XLA:TPU, T5 on v5e-16: twice the
-    residual-stream copies of data parallel).
-
-    Residuals are visited in program order; one is recomputed when the roots it would add
-    cost less than itself, so a softmax's f32 exponentials, probabilities and bf16 copy all
-    hang off one stored score matrix, a mask off the segment ids, and the residual stream is
-    stored once per layer (chains of shared roots, which `_fusion_roots_shared` over-counts).
+    Visited in program order, a residual is recomputed when the roots it would add cost less
+    than itself: a softmax's f32 exponentials, probabilities and bf16 copy hang off one stored
+    score matrix, a mask off the segment ids, and the residual stream is stored once per layer
+    (chains of shared roots, which `_fusion_roots_shared` over-counts).
     """
     order = {id(o): i for i, e in enumerate(jaxpr.eqns) for o in e.outvars}
     producer = {id(o): e for e in jaxpr.eqns for o in e.outvars}
@@ -138,7 +127,6 @@ def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any],
     for v in sorted(residuals, key=lambda r: order.get(id(r), -1)):
         if id(v) in stored or id(v) in free:
             continue
-        # Roots not yet stored; None when the chain reads a gathered weight.
         roots = _roots(v, producer, lambda i: i in free or i in stored, gathered)
         if (roots is not None and id(v) not in roots
                 and sum(_nbytes(r.aval) for r in roots.values()) < _nbytes(v.aval)):
@@ -150,17 +138,14 @@ def _fusion_roots_in_order(jaxpr: Any, residuals: Sequence[Any],
 
 def _fusion_roots_shared(jaxpr: Any, residuals: Sequence[Any],
                          gathered: frozenset[int] | set[int] = frozenset()) -> list[Any]:
-    """Like `_fusion_roots_in_order`, deciding over all residuals at once: every residual is
-    recomputed from its roots (matmul / reduction / gather outputs upstream through elementwise
-    ops; the step's inputs are free) unless the roots only it needs cost more than it does, or
-    it reads a ``gathered`` weight. Stores a softmax's score matrix once for its masked copy,
-    exponentials and probabilities (which visiting in order keeps separately when they are
-    separate residuals)."""
+    """Like `_fusion_roots_in_order`, deciding over all residuals at once: each is recomputed
+    from its roots unless the roots only it needs cost more than it does, or it reads a
+    ``gathered`` weight. Stores a softmax's score matrix once for its masked copy, exponentials
+    and probabilities (kept separately by visiting in order when they are separate residuals)."""
     producer = {id(o): e for e in jaxpr.eqns for o in e.outvars}
     inputs = {id(v) for v in (*jaxpr.invars, *jaxpr.constvars)}
     by_id = {id(v): v for v in residuals}
     walked = {k: _roots(v, producer, inputs.__contains__, gathered) for k, v in by_id.items()}
-    # None: stored, as XLA does not recompute from a collective's output.
     need = {k: {k: by_id[k]} if rs is None else rs for k, rs in walked.items()}
     kept = {k for k, rs in need.items() if rs.keys() == {k}}
     count = collections.Counter(r for k, rs in need.items() if k not in kept for r in rs)
@@ -189,92 +174,73 @@ def boxed_params(config: TransformerConfig, features: tuple[str, ...]) -> Any:
     return jax.eval_shape(lambda r: model.init_variables(r, small)["params"], jax.random.key(0))
 
 
-def _residual_bytes(avals: Sequence[Any], *, batch_scale: float, model_axis: int, tp: bool,
-                    tp_sizes: set[int], param_ratio: float,
-                    true_size: Mapping[int, int] | None = None) -> float:
-    """Per-device bytes of residuals traced at ``_TRACE_BATCH`` (see module docstring).
-    ``true_size``: traced dimension -> the config's (a trace with a widened ``head_dim``)."""
-    total = 0.0
-    true_size = true_size or {}
-    for a in avals:
-        dims = [true_size.get(d, d) for d in a.shape]
-        nbytes = math.prod(dims) * jnp.dtype(a.dtype).itemsize
-        if len(a.shape) >= 2 and a.shape[0] == _TRACE_BATCH:
-            split = [true_size.get(d, d) for d in a.shape[1:] if d in tp_sizes
-                     ] if tp and model_axis > 1 else []
-            if split:  # GSPMD pads an uneven split: each device holds ceil(d / m) of d
-                nbytes *= math.ceil(split[0] / model_axis) / split[0]
-            total += nbytes * batch_scale
-        else:
-            total += nbytes * param_ratio
-    return total
-
-
 def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
-                     sequence_length: Mapping[str, int], model_axis: int = 1, tp: bool = False,
+                     sequence_length: Mapping[str, int], model_axis: int = 1,
                      param_ratio: float = 1.0, packed: bool = True,
                      fused: bool = True, gathered: bool = False) -> dict[str, float]:
-    """Saved-activation bytes per device for every remat policy, ``{policy: bytes}``.
+    """Saved-activation bytes per device for every remat policy, ``{policy: bytes}`` (traces
+    cached per config; see the module docstring).
 
-    Traced with 1-2 layers per stack (cached per config) and extrapolated to the config's
-    layer counts; with remat, one layer's un-rematerialised residuals are added for the
-    recomputation. ``param_ratio``: per-device / global parameter bytes (for weight casts).
-    ``fused``: count what an accelerator compiler keeps after elementwise fusion (the cheaper
-    of the ``_FUSION_PLANS``; XLA:TPU), not every residual of the jaxpr (XLA:CPU).
-    ``gathered``: the weights are split over ``fsdp`` with no ``model`` axis (pure FSDP), so
-    elementwise chains that read one are stored, not recomputed.
+    ``model_axis``: the tensor-parallel axis heads / MLP / vocabulary are split over (1: none).
+    ``param_ratio``: per-device / global parameter bytes (for weight casts). ``fused``: count
+    what XLA:TPU keeps after elementwise fusion (the cheaper of the ``_FUSION_PLANS``), not
+    every residual (XLA:CPU). ``gathered``: the weights are split over ``fsdp`` with no ``model``
+    axis (pure FSDP; with a ``model`` axis too, XLA:TPU recomputes the chains that read them
+    all the same: T5 fsdp_tp on v5e-16).
     """
     # Dimensions the TP rules shard; an `embed`-sized one never counts (activation_embed is
     # replicated). When heads x head_dim == emb_dim (T5: 12 x 64 = 768) the two are told apart
     # by tracing with head_dim + 2 (even, for RoPE) and counting each traced dimension at its
-    # true size.
+    # true size (`true_size`: traced -> the config's).
     trace_config, true_size = config, {}
-    if tp and model_axis > 1 and config.emb_dim in (config.num_heads * config.head_dim,
-                                                    config.kv_heads * config.head_dim):
-        wide = config.head_dim + 2
-        trace_config = config.replace(head_dim=wide)
-        true_size = {wide: config.head_dim, config.num_heads * wide: config.num_heads
-                     * config.head_dim, config.kv_heads * wide: config.kv_heads * config.head_dim}
-    joined = {trace_config.num_heads * trace_config.head_dim,
-              trace_config.kv_heads * trace_config.head_dim}
-    tp_sizes = {config.num_heads, config.kv_heads, config.mlp_dim, config.vocab_size,
-                *joined} - {config.emb_dim}
-    # One layer per stack ("base"), then each stack with a second layer.
-    base = dict.fromkeys(config.layer_stacks(), 1)
-    variants = {"base": base, **{stack: {**base, stack: 2} for stack in base}}
+    heads = (config.num_heads, config.kv_heads)
+    if model_axis > 1 and config.emb_dim in (n * config.head_dim for n in heads):
+        trace_config = config.replace(head_dim=config.head_dim + 2)
+        true_size = {n * trace_config.head_dim: n * config.head_dim for n in (1, *heads)}
+    tp_sizes = {*heads, config.mlp_dim, config.vocab_size,
+                *(n * trace_config.head_dim for n in heads)} - {config.emb_dim}
+    batch_scale = per_device_batch / _TRACE_BATCH
     lengths = tuple(sorted((k, int(v)) for k, v in sequence_length.items()))
-    plans = tuple(_FUSION_PLANS) if fused else ("",)
-    best: dict[str, float] = {}
-    for plan_name in plans:
-        measured: dict[str, dict[str, float]] = {}
-        for policy in REMAT_POLICIES:
-            per: dict[str, float] = {}
-            for name, depths in variants.items():
-                cfg = trace_config.with_layer_stacks(depths).replace(remat_policy=policy,
-                                                                     scan_layers=False)
-                per[name] = _residual_bytes(
-                    _residuals(cfg, lengths, packed, plan_name, gathered and bool(plan_name)),
-                    batch_scale=per_device_batch / _TRACE_BATCH, model_axis=model_axis,
-                    tp=tp, tp_sizes=tp_sizes, param_ratio=param_ratio, true_size=true_size)
-            measured[policy] = per
-        for policy, total in _extrapolate(config, measured).items():
-            best[policy] = min(best.get(policy, math.inf), total)  # the cheaper fusion plan
-    return best
+
+    def traced(plan_name: str, policy: str, depths: Mapping[str, int]) -> float:
+        """Per-device bytes of the residuals of one trace (see the module docstring)."""
+        cfg = trace_config.with_layer_stacks(depths).replace(remat_policy=policy,
+                                                             scan_layers=False)
+        total = 0.0
+        for a in _residuals(cfg, lengths, packed, plan_name, gathered and bool(plan_name)):
+            nbytes = math.prod(true_size.get(d, d) for d in a.shape) * jnp.dtype(a.dtype).itemsize
+            if len(a.shape) >= 2 and a.shape[0] == _TRACE_BATCH:
+                split = next((true_size.get(d, d) for d in a.shape[1:] if d in tp_sizes), None)
+                if split:  # GSPMD pads an uneven split: each device holds ceil(d / m) of d
+                    nbytes *= math.ceil(split / model_axis) / split
+                total += nbytes * batch_scale
+            else:
+                total += nbytes * param_ratio
+        return total
+
+    # Plan "" counts every residual (XLA:CPU); with fusion, the cheaper plan's count.
+    estimates = [_extrapolate(config, functools.partial(traced, plan_name))
+                 for plan_name in (tuple(_FUSION_PLANS) if fused else ("",))]
+    return {policy: min(e[policy] for e in estimates) for policy in REMAT_POLICIES}
 
 
 def _extrapolate(config: TransformerConfig,
-                 measured: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """{policy: bytes} for the config's layer counts from the 1-2 layer traces (`measured`:
-    policy -> {'base': one layer per stack, stack: that stack with two}; + one layer's
-    un-rematerialised residuals for the recomputation under remat)."""
+                 measure: Callable[[str, Mapping[str, int]], float]) -> dict[str, float]:
+    """{policy: bytes} at the config's layer counts from ``measure(policy, layers per stack)``
+    of 1-2 layer traces: one layer per stack ('base'), then each stack with a second; under
+    remat, + one layer's un-rematerialised residuals for the recomputation."""
+    base = dict.fromkeys(config.layer_stacks(), 1)
+    measured = {policy: {"base": measure(policy, base),
+                         **{stack: measure(policy, {**base, stack: 2}) for stack in base}}
+                for policy in REMAT_POLICIES}
+    none = measured["none"]
+    recompute = max(none[k] - none["base"] for k in none if k != "base")
     out: dict[str, float] = {}
     for policy, per in measured.items():
-        base = per["base"]
-        total = base
+        total = per["base"]
         for stack, depth in config.layer_stacks().items():
-            total += (depth - 1) * (per[stack] - base)
+            total += (depth - 1) * (per[stack] - per["base"])
         if policy != "none":
-            none = measured["none"]
-            total += max(none[k] - none["base"] for k in none if k != "base")
+            total += recompute
         out[policy] = max(total, 0.0)
     return out

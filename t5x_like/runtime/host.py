@@ -31,10 +31,8 @@ def describe() -> str:
     name = info.get("model name") or platform.processor() or platform.machine()
     flags = sorted(info.get("flags", "").split())
     parts = [name, f"{os.cpu_count()} CPUs"]
-    isa = next((label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2"))
-                if flag in flags), None)
-    if isa:
-        parts.append(isa)
+    isas = [label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags]
+    parts += isas[:1]  # the widest
     if flags:
         parts.append("flags " + hashlib.sha1(" ".join(flags).encode()).hexdigest()[:8])
     return ", ".join(parts)

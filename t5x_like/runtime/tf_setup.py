@@ -2,12 +2,10 @@
 
 `install()` (run by `import t5x_like`) arranges that, when TensorFlow is first imported:
 - TensorFlow sees no GPU, so it never takes accelerator memory that JAX needs;
-- its start-up chatter is dropped: on machines without CUDA, importing it prints an absl
-  "before InitializeLog" banner and a "Could not find cuda drivers" line twice, on CPUs with
-  AVX-512 an INFO line "oneDNN custom operations are on" twice (TF_CPP_MIN_LOG_LEVEL does not
-  silence it), and hiding the GPUs logs "failed call to cuInit" — lines a user reads as
-  failures. Only those exact lines are dropped; anything else TensorFlow writes to stderr
-  meanwhile is passed through;
+- the start-up lines a user reads as failures (`NOISE`: without CUDA an absl "before
+  InitializeLog" banner and "Could not find cuda drivers", with AVX-512 "oneDNN custom operations
+  are on", which TF_CPP_MIN_LOG_LEVEL does not silence, and "failed call to cuInit" from hiding
+  the GPUs) are dropped; anything else it writes to stderr meanwhile passes through;
 - C++ warnings are off (`TF_CPP_MIN_LOG_LEVEL=2` unless set): e.g. "did not fully read the
   dataset being cached", which every run that stops inside a cached epoch triggers, by design.
 

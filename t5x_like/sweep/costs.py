@@ -1,9 +1,7 @@
 """A cell's measured size and cost: parameter count and training FLOPs per sequence.
 
 Reported beside the paper's bookkeeping (P / 2P parameters, M / M/2 cost) in Table 2. Parses the
-cell's gin in-process (under a lock: gin's config is process-global and cells may run in
-threads), builds the `TransformerConfig` and asks the model (`parameter_count` via
-`jax.eval_shape`, nothing allocated; `flops_per_sequence` analytic).
+cell's gin under a lock (gin's config is process-global and cells may run in threads).
 """
 
 from __future__ import annotations
@@ -25,14 +23,10 @@ def measure(gin_files: Sequence[str], bindings: Sequence[str],
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.models.model import parameter_count
 
-    with _GIN_LOCK:
-        try:
-            grid._parse(gin_files, bindings)
-            config = TransformerConfig()
-            batch_size = int(gin.query_parameter("train.batch_size"))
-            steps = int(gin.query_parameter("train.num_train_steps"))
-        finally:
-            gin.clear_config()
+    with _GIN_LOCK, grid.parsed(gin_files, bindings):
+        config = TransformerConfig()
+        batch_size = int(gin.query_parameter("train.batch_size"))
+        steps = int(gin.query_parameter("train.num_train_steps"))
     model = make_model(config)
     return {
         "parameters": int(parameter_count(config)),

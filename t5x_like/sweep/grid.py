@@ -1,25 +1,20 @@
 """Sweep files x scale x seeds -> cells: the gin files and bindings each cell trains with.
 
-A cell's train config is, in order: the sweep's `base` files, the scale file, the row's files,
-then the row's bindings, then three computed bindings: `MIXTURE_OR_TASK_NAME` (the objective's
-task on the scale's corpus), `TASK_FEATURE_LENGTHS` (the objective's own lengths for the
-scale's `inputs_length`, `objectives.default_sequence_length`; a targets-only objective, the
-full-span LM, gets the span a prefix-LM example splits: `sequence_length`) and `train.seed`.
-Every cell is therefore trained on the same number of input tokens (steps x batch x
-inputs_length).
+A cell's train config is, in order: the sweep's `base` files, the scale file, the row's files
+and bindings, then three computed bindings: `MIXTURE_OR_TASK_NAME` (the objective's task on the
+scale's corpus), `TASK_FEATURE_LENGTHS` (`sequence_length`) and `train.seed`. Every cell is
+therefore trained on the same number of input tokens (steps x batch x inputs_length).
 
-The cell id is `<architecture>__<objective>__s<seed>__<hash>` where hash = sha256 of gin's
-parsed config (every binding, not file names), so two rows with the same effective config
-(Table 2 "Encoder-decoder | LM" and Table 3 "Prefix LM") are one cell, run once.
-
-A row that binds `train.num_train_steps = 0` is a *control*: the same fine-tune on a fresh
-initialisation of its architecture, no pre-training (`Cell.control`; its id says
-`no_pretraining` where an objective would be). The runner initialises its model instead of
-training it (`runner.init_model`).
+The cell id is `<architecture>__<objective>__s<seed>__<hash>`, hash = sha256 of gin's parsed
+config (every binding, not file names), so two rows with the same effective config (Table 2
+"Encoder-decoder | LM" and Table 3 "Prefix LM") are one cell, run once. A row that binds
+`train.num_train_steps = 0` is a *control* (`Cell.control`; `no_pretraining` in its id where an
+objective would be): the same fine-tune on a fresh initialisation (`runner.init_model`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -73,6 +68,16 @@ def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
         raise SweepError(str(err)) from err
 
 
+@contextlib.contextmanager
+def parsed(files: Sequence[str], bindings: Sequence[str] = ()) -> Iterator[None]:
+    """`_parse` for the `with` block; gin's config is cleared after it."""
+    try:
+        _parse(files, bindings)
+        yield
+    finally:
+        gin.clear_config()
+
+
 def load_sweep(path: str) -> SweepSpec:
     """Read one sweep file (clears gin's global config before and after)."""
     gin.clear_config()
@@ -104,25 +109,15 @@ def load_scale(scale: str) -> ScaleSpec:
     """Read a scale file (a train config that also binds `sweep_scale.*`)."""
     path = scale_path(scale)
     try:
-        _parse([path])
-        spec = sweep_scale()
+        with parsed([path]):
+            spec = sweep_scale()
     except (ValueError, RuntimeError) as err:
         raise SweepError(f"invalid scale file {path}: {err}") from err
-    finally:
-        gin.clear_config()
     return dataclasses.replace(spec, path=path)
 
 
-def split_row(entries: Sequence[str]) -> tuple[list[str], list[str]]:
-    """A row's entries -> (gin files, bindings): an entry ending in '.gin' is a file."""
-    files = [e for e in entries if e.strip().endswith(".gin")]
-    bindings = [e for e in entries if not e.strip().endswith(".gin")]
-    return files, bindings
-
-
 def corpus_task(task: str, corpus: str) -> str:
-    """Move an objective's task onto `corpus`: c4like_prefix_lm -> c4_prefix_lm (the corpora
-    are the data package's, `tasks.CORPORA`; the longest prefix wins: c4like before c4)."""
+    """Move a task onto `corpus`: c4like_prefix_lm -> c4_prefix_lm (the longest corpus wins)."""
     from t5x_like.data import tasks
 
     for known in sorted(tasks.CORPORA, key=len, reverse=True):
@@ -138,11 +133,9 @@ NO_PRETRAINING = "no_pretraining"
 
 
 def sequence_length(task: str, inputs_length: int) -> dict[str, int]:
-    """A cell's task lengths: the objective's own for `inputs_length`
-    (`objectives.default_sequence_length`), except that a targets-only objective (the
-    decoder-only language model's full-span LM) predicts the whole span a prefix-LM example
-    splits into inputs and targets, so it reads as many tokens per sequence as the prefix-LM
-    rows beside it (the paper's cost M): {'targets': Li + Lt of prefix LM}."""
+    """A cell's task lengths: the objective's own for `inputs_length`, except that a
+    targets-only objective (the full-span LM) predicts the whole span a prefix-LM example splits,
+    so it reads as many tokens per sequence as the prefix-LM rows (the paper's cost M)."""
     from t5x_like.data import objectives, tasks
 
     objective = tasks.task_objective(task)
@@ -156,24 +149,23 @@ def build_cell(sweep_spec: SweepSpec, scale: ScaleSpec, row: str, seed: int) -> 
     """Resolve one (row, seed): parse its gin, compute task/lengths/seed bindings and its id."""
     from t5x_like.models import TransformerConfig
 
-    row_files, row_bindings = split_row(sweep_spec.rows[row])
+    entries = sweep_spec.rows[row]  # an entry ending in '.gin' is a file, others bindings
+    row_files = [e for e in entries if e.strip().endswith(".gin")]
+    row_bindings = [e for e in entries if not e.strip().endswith(".gin")]
     files = [*sweep_spec.base, scale.path, *row_files]
-    where = f"{sweep_spec.path} row {row!r}"
     try:
-        _parse(files, row_bindings)
-        task = corpus_task(gin.query_parameter("%MIXTURE_OR_TASK_NAME"), scale.corpus)
-        lengths = sequence_length(task, scale.inputs_length)
-        extra = [f"MIXTURE_OR_TASK_NAME = {task!r}",
-                 f"TASK_FEATURE_LENGTHS = {dict(sorted(lengths.items()))!r}",
-                 f"train.seed = {int(seed)}"]
-        gin.parse_config(extra)  # on top of the parsed files + row bindings (later wins)
-        config_hash = hashlib.sha256(gin.config_str().encode()).hexdigest()[:8]
-        arch = TransformerConfig().slug
-        control = int(gin.query_parameter("train.num_train_steps")) == 0
+        with parsed(files, row_bindings):
+            task = corpus_task(gin.query_parameter("%MIXTURE_OR_TASK_NAME"), scale.corpus)
+            lengths = sequence_length(task, scale.inputs_length)
+            extra = [f"MIXTURE_OR_TASK_NAME = {task!r}",
+                     f"TASK_FEATURE_LENGTHS = {dict(sorted(lengths.items()))!r}",
+                     f"train.seed = {int(seed)}"]
+            gin.parse_config(extra)  # on top of the parsed files + row bindings (later wins)
+            config_hash = hashlib.sha256(gin.config_str().encode()).hexdigest()[:8]
+            arch = TransformerConfig().slug
+            control = int(gin.query_parameter("train.num_train_steps")) == 0
     except (SweepError, ValueError, KeyError, RuntimeError) as err:
-        raise SweepError(f"{where}: {err}") from err
-    finally:
-        gin.clear_config()
+        raise SweepError(f"{sweep_spec.path} row {row!r}: {err}") from err
     objective = NO_PRETRAINING if control else task.split("_", 1)[1]
     return Cell(
         cell_id=f"{arch}__{objective}__s{seed}__{config_hash}", seed=int(seed),
@@ -189,8 +181,7 @@ def select_rows(specs: Sequence[SweepSpec], rows: Sequence[str] | None) -> list[
     if not rows:
         return pairs
     wanted = [r.strip() for r in rows if r.strip()]
-    chosen = [(i, r) for i, r in pairs
-              if r in wanted or f"{specs[i].table}:{r}" in wanted]
+    chosen = [(i, r) for i, r in pairs if r in wanted or f"{specs[i].table}:{r}" in wanted]
     names = {r for _, r in pairs} | {f"{specs[i].table}:{r}" for i, r in pairs}
     unknown = [w for w in wanted if w not in names]
     if unknown:
@@ -208,10 +199,9 @@ def expand(specs: Sequence[SweepSpec], scale: ScaleSpec, *, seeds: int | None = 
     for index, row in select_rows(specs, rows):
         for seed in range(num_seeds):
             cell = build_cell(specs[index], scale, row, seed)
-            if cell.config_hash in cells:
-                old = cells[cell.config_hash]
-                cell = dataclasses.replace(old, rows=(*old.rows, *cell.rows))
-            cells[cell.config_hash] = cell
+            old = cells.get(cell.config_hash)
+            cells[cell.config_hash] = (dataclasses.replace(old, rows=(*old.rows, *cell.rows))
+                                       if old else cell)
     return list(cells.values())
 
 

@@ -1,11 +1,9 @@
 """The T5 paper's published scores (Raffel et al. 2020, arXiv 1910.10683), as data.
 
 `PUBLISHED[table][row]` = the seven columns of `COLUMNS` for the rows our sweep files name
-(row names match `gin/sweeps/t5_table*.gin`). Rows that are the same experiment in the paper
-(the baseline appears in Tables 2, 4, 5 and 6) carry the same numbers. `CLAIMS` = the paper's
-headline comparisons between those rows, which the report tests with paired differences.
-`CONTROL_ROWS`: rows that are controls, not paper rows with a claim (the no-pre-training
-baseline of the paper's Table 1, added to our Tables 2 and 3); their cells carry `control`.
+(`gin/sweeps/t5_table*.gin`; one experiment in several tables, like the baseline, carries the
+same numbers). `CLAIMS` = the paper's headline comparisons between those rows, which the report
+tests with paired differences.
 """
 
 from __future__ import annotations
@@ -71,7 +69,7 @@ PUBLISHED: dict[str, dict[str, dict[str, float]]] = {
     for table, rows in _TABLES.items()
 }
 
-#: The paper's table number and caption subject, for report headers.
+#: The paper's table number, for report headers.
 TABLE_NUMBERS = {"table2": 2, "table3": 3, "table4": 4, "table5": 5, "table6": 6}
 
 
@@ -82,11 +80,9 @@ def published(table: str, row: str) -> dict[str, float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """One of the paper's comparisons: mean score of rows `better` minus mean of rows `worse`.
-
-    `relation` '>': the paper finds better > worse; '≈': the paper finds them within
-    `margin` points of each other (`t5x_like.sweep.stats.verdict` turns a CI into a verdict).
-    """
+    """One of the paper's comparisons: mean score of rows `better` minus mean of rows `worse`;
+    `relation` '>': the paper finds better > worse, '≈': within `margin` points of each other
+    (`t5x_like.sweep.stats.verdict` turns a CI into a verdict)."""
 
     table: str
     text: str

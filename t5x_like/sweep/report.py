@@ -1,17 +1,9 @@
 """Tables from finished cells: Markdown in the paper's layout, JSON (DESIGN.md schema), Kendall τ.
 
-For each sweep (paper table) and row: our suite average (mean ± std over seeds), per-task
-scores, final pre-training loss, measured parameters and training FLOPs per sequence, the
-paper's bookkeeping (P/2P, M/M/2) and its seven published columns. Rows are ranked by our score
-and by the paper's GLUE column (`paper.COMPARE_COLUMN`, the closest analogue of an average of
-classification scores) and compared with Kendall's τ and its exact permutation test.
-
-Where the cells kept their test predictions (`eval/predictions/<task>.jsonl`), `stats` adds a
-95% t interval per row and tests the paper's claims about the table (`paper.CLAIMS`) with
-verdicts that hold a family-wise error rate of 5% per table (Holm). Beside the one-way ANOVA
-of the rows, Holm-corrected pairwise tests say which rows differ; when a table's cells ran on
-several hosts, host is tested as a factor and every claim comparing cells of different hosts
-is flagged.
+Per sweep (paper table) and row: our suite average (mean ± std over seeds), per-task scores,
+pre-training loss, parameters, FLOPs and the paper's published columns; our ranking against the
+paper's `COMPARE_COLUMN` by Kendall's τ. From the test predictions, `stats` adds row intervals,
+verdicts on `paper.CLAIMS`, which rows differ, and host as a factor.
 """
 
 from __future__ import annotations
@@ -21,8 +13,9 @@ import fractions
 import json
 import math
 import os
+import pathlib
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,20 +39,15 @@ KENDALL_TEST = "exact two-sided permutation test over every order of the rows"
 
 def collect(cells: Sequence[Cell], sweep_dir: str) -> dict[str, dict[str, Any]]:
     """cell_id -> its results.json, for the finished cells."""
-    found = {}
-    for cell in cells:
-        path = os.path.join(cell_dir(sweep_dir, cell), RESULTS)
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                found[cell.cell_id] = json.load(f)
-    return found
+    paths = {cell.cell_id: os.path.join(cell_dir(sweep_dir, cell), RESULTS) for cell in cells}
+    return {cell_id: json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+            for cell_id, path in paths.items() if os.path.exists(path)}
 
 
 def cell_predictions(path: str, tasks: Sequence[str],
                      eval_dir: str = "eval") -> dict[str, stats.TaskPredictions] | None:
-    """A finished cell's test predictions per task (from `path/eval_dir`), coded for the
-    bootstrap (None if any task's predictions file is missing, e.g. a cell from before they
-    were kept)."""
+    """A finished cell's test predictions per task (from `path/eval_dir`), coded; None if a
+    task's predictions file is missing (a cell from before they were kept)."""
     from t5x_like.data import downstream, scoring
 
     out = {}
@@ -77,11 +65,9 @@ def cell_predictions(path: str, tasks: Sequence[str],
 
 
 def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequence[str],
-                paper_scores: Mapping[str, float], sweep_dir: str) -> dict[str, Any] | None:
-    """From the cells' saved test predictions: a t interval per row, the table's claims with
-    Holm-corrected verdicts (`stats.evaluate_claims`), and per task the best constant score,
-    the rows whose interval lies above it and the collapsed fine-tunes; `cells` = (row,
-    cell_id) of the finished cells. None when predictions are missing."""
+                sweep_dir: str) -> dict[str, Any] | None:
+    """From the test predictions of the finished `cells` ((row, cell_id)): row intervals, claim
+    verdicts, per task the best constant score, the rows above it and the collapsed fine-tunes."""
     rows: dict[str, list[dict[str, stats.TaskPredictions]]] = {}
     for row, cell_id in cells:
         preds = cell_predictions(os.path.join(sweep_dir, "cells", cell_id), tasks)
@@ -92,12 +78,6 @@ def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequen
         return None
     data = stats.table_data(rows, tasks)
     claims = stats.evaluate_claims([c for c in paper.CLAIMS if c.table == spec.table], data)
-    for result in claims:
-        claim = _claim(spec.table, result["claim"])
-        theirs = [paper_scores.get(r) for r in (*claim.better, *claim.worse)]
-        result["paper_difference"] = (
-            None if None in theirs else
-            float(np.mean(theirs[:len(claim.better)]) - np.mean(theirs[len(claim.better):])))
     best = {t: stats.best_constant_score(next(iter(rows.values()))[0][t]) for t in tasks}
     above: dict[str, list[str] | None] = {}
     for t in tasks:  # the task's own score per row, with the same design as the suite average
@@ -105,14 +85,10 @@ def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequen
         bounds = {r: stats.row_interval(per_task, r) for r in spec.rows if r in rows}
         above[t] = (None if per_task.seed_var is None else
                     [r for r, ci in bounds.items() if ci is not None and ci[0] > best[t]])
-    return {"row_ci": {r: _list(stats.row_interval(data, r)) for r in rows}, "claims": claims,
+    return {"row_ci": {r: stats.row_interval(data, r) for r in rows}, "claims": claims,
             "collapsed": {r: {t: sum(stats.collapsed(s[t]) for s in seeds) for t in tasks}
                           for r, seeds in rows.items()},
             "best_constant": best, "above_constant": above}
-
-
-def _list(pair: tuple[float, float] | None) -> list[float] | None:
-    return None if pair is None else list(pair)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -128,46 +104,36 @@ def _std(values: Sequence[float]) -> float | None:
 def kendall(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float | None, float | None]:
     """Kendall's τ-b and its exact two-sided permutation p-value (`stats.kendall_permutation_p`)
     between two score lists (None when undefined: < 2 rows or a constant list)."""
-    if len(ours) != len(theirs):
-        raise ValueError(f"kendall: {len(ours)} vs {len(theirs)} scores")
-    if len(ours) < 2:
-        return None, None
+    p = stats.kendall_permutation_p(ours, theirs)  # first: it raises on a length mismatch
     tau = float(stats.kendall_tau(np.array([ours], np.float64), np.array(theirs, np.float64))[0])
-    return (None if math.isnan(tau) else tau), stats.kendall_permutation_p(ours, theirs)
+    return (None if math.isnan(tau) else tau), p
 
 
 def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
-    """One-way ANOVA of per-seed scores across rows (`groups`: one list per row; rows with
-    < 2 seeds are left out): F is the spread between the rows' means over the spread between
-    seeds, and p the chance of an F this large if the rows were alike. `seed_std` is the
-    pooled within-row std, sqrt(sum of squared deviations from each row's mean / (n - rows)):
-    the sweep's own noise floor per seed, with `seed_df` degrees of freedom. None below 2 such
-    rows. The sums are plain Python arithmetic, not NumPy's (whose reductions round by the
-    CPU's vector width), so a report rebuilds to the same bytes on every host."""
+    """One-way ANOVA of per-seed scores (one list per row; rows with < 2 seeds left out): F, p,
+    and `seed_std` (`stats.pooled_variance`: the sweep's noise floor per seed). None below 2
+    such rows. Plain Python sums (NumPy's round by the CPU's vector width)."""
     from scipy.stats import f as f_distribution
 
     groups = [[float(x) for x in g] for g in groups if len(g) >= 2]
     if len(groups) < 2:
         return None
-    n = sum(len(g) for g in groups)
-    df_rows, df = len(groups) - 1, n - len(groups)
-    means = [sum(g) / len(g) for g in groups]
-    grand = sum(x for g in groups for x in g) / n
-    between = sum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means, strict=True))
-    within = sum((x - sum(g) / len(g)) ** 2 for g in groups for x in g)
-    if within > 0:
-        f = (between / df_rows) / (within / df)
-        p = float(f_distribution.sf(f, df_rows, df))
+    var, df = stats.pooled_variance(groups)
+    grand = sum(x for g in groups for x in g) / (df + len(groups))
+    between = sum(len(g) * (sum(g) / len(g) - grand) ** 2 for g in groups)
+    if var > 0:
+        f = (between / (len(groups) - 1)) / var
+        p = float(f_distribution.sf(f, len(groups) - 1, df))
     else:  # every row constant across its seeds: F undefined (infinite if the rows differ)
         f, p = None, (0.0 if between > 0 else None)
     return {"f": f if f is not None and math.isfinite(f) else None,
             "p": p if p is not None and math.isfinite(p) else None,
-            "rows": len(groups), "seed_std": math.sqrt(within / df), "seed_df": df}
+            "rows": len(groups), "seed_std": math.sqrt(var), "seed_df": df}
 
 
-def _row_entry(spec: SweepSpec, row: str, done: Sequence[Mapping[str, Any]],
-               ids: Sequence[str]) -> dict[str, Any]:
-    """One row of a table entry, from its finished cells' results."""
+def _row_entry(spec: SweepSpec, row: str, done: Sequence[Mapping[str, Any]], ids: Sequence[str],
+               found: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One row of a table entry, from its cells' results and the table's `uncertainty`."""
     tasks = sorted({t for r in done for t in r.get("tasks", {})})
     params, cost = spec.bookkeeping.get(row, (None, None))
     return {
@@ -184,28 +150,28 @@ def _row_entry(spec: SweepSpec, row: str, done: Sequence[Mapping[str, Any]],
         "flops_per_sequence": done[0].get("flops_per_sequence") if done else None,
         "seconds_per_cell": _mean([r.get("seconds", {}).get("total") for r in done]),
         "cells": list(ids),
-        "control": is_control(row, done),
+        # a control (no pre-training) is shown beside the paper's rows, not ranked with them
+        "control": row in paper.CONTROL_ROWS or any(r.get("control") for r in done),
+        "ci": found["row_ci"].get(row) if found else None,
+        "collapsed": found["collapsed"].get(row) if found else None,
     }
 
 
-def is_control(row: str, done: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a row is a control (no pre-training: `paper.CONTROL_ROWS`, or cells whose
-    results say `control`), shown beside the paper's rows but not ranked with them."""
-    return row in getattr(paper, "CONTROL_ROWS", ()) or any(r.get("control") for r in done)
+def _recorded(result: Mapping[str, Any], key: str) -> str:
+    """What a cell's results.json records under `key` (e.g. its host); 'unrecorded' if none."""
+    return str(result.get(key) or "unrecorded")
 
 
-def host_of(result: Mapping[str, Any]) -> str:
-    """The host a cell ran on, as its results.json records it ('unrecorded' before hosts were
-    recorded)."""
-    return str(result.get("host") or "unrecorded")
+def _tally(values: Iterable[str]) -> dict[str, int]:
+    """value -> how often it occurs, in sorted order."""
+    return dict(sorted(collections.Counter(values).items()))
 
 
 def claim_hosts(claim: paper.Claim, by_row: Mapping[str, Sequence[Mapping[str, Any]]]
                 ) -> dict[str, Any]:
     """The hosts of the cells on each side of a claim, and whether the sides' shares of each
     host differ (`warning`): then the difference carries the hosts' difference too."""
-    sides = {side: dict(sorted(collections.Counter(host_of(r) for row in rows
-                                                   for r in by_row.get(row, ())).items()))
+    sides = {side: _tally(_recorded(r, "host") for row in rows for r in by_row.get(row, ()))
              for side, rows in (("better", claim.better), ("worse", claim.worse))}
     shares = [{h: fractions.Fraction(n, sum(c.values())) for h, n in c.items()}
               for c in sides.values() if c]
@@ -217,30 +183,33 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
     """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau, claims)."""
     by_row: dict[str, list[Mapping[str, Any]]] = {row: [] for row in spec.rows}
     ids: dict[str, list[str]] = {row: [] for row in spec.rows}
+    finished = []  # (row, cell_id) of the finished cells
     for row, cell in cells_of(cells, spec.table):
         ids[row].append(cell.cell_id)
         if cell.cell_id in results:
             by_row[row].append(results[cell.cell_id])
-    rows = [_row_entry(spec, row, by_row[row], ids[row]) for row in spec.rows]
+            finished.append((row, cell.cell_id))
+    done = [r for rs in by_row.values() for r in rs]
+    tasks = sorted({t for r in done for t in r.get("tasks", {})})
+    found = uncertainty(spec, finished, tasks, sweep_dir)
+    rows = [_row_entry(spec, row, by_row[row], ids[row], found) for row in spec.rows]
     paired = [r for r in rows if r["ours_mean"] is not None and r["paper"] and not r["control"]]
     ours = {r["row"]: r["ours_mean"] for r in paired}
     theirs = {r["row"]: r["paper"][paper.COMPARE_COLUMN] for r in paired}
     tau, p = kendall(list(ours.values()), list(theirs.values()))
-    tasks = sorted({t for rs in by_row.values() for r in rs for t in r.get("tasks", {})})
-    finished = [(row, cell.cell_id) for row, cell in cells_of(cells, spec.table)
-                if cell.cell_id in results]
-    found = uncertainty(spec, finished, tasks, theirs, sweep_dir)
     differ = {t: rows_differ([[r["tasks"][t] for r in rs if r["tasks"].get(t) is not None]
                               for rs in by_row.values()]) for t in tasks}
     suite = {row: [r[METRIC] for r in rs if r.get(METRIC) is not None]
              for row, rs in by_row.items()}
     differ[METRIC] = rows_differ(list(suite.values()))
-    for r in rows:
-        r["ci"] = found["row_ci"].get(r["row"]) if found else None
-        r["collapsed"] = found["collapsed"].get(r["row"]) if found else None
     claims = found["claims"] if found else []
     for c in claims:
-        c["hosts"] = claim_hosts(_claim(spec.table, c["claim"]), by_row)
+        claim = next(k for k in paper.CLAIMS if k.table == spec.table and k.text == c["claim"])
+        sides = [theirs.get(r) for r in (*claim.better, *claim.worse)]
+        c["paper_difference"] = (
+            None if None in sides else
+            float(np.mean(sides[:len(claim.better)]) - np.mean(sides[len(claim.better):])))
+        c["hosts"] = claim_hosts(claim, by_row)
     return {
         "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
         "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
@@ -249,23 +218,17 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
         "ranking_ours": sorted(ours, key=lambda row: -ours[row]),  # best first
         "ranking_paper": sorted(theirs, key=lambda row: -theirs[row]),
         "paper_table": paper.TABLE_NUMBERS.get(spec.table),
-        "baseline_average": _mean([r.get("baseline_average") for rs in by_row.values()
-                                   for r in rs]),
+        "baseline_average": _mean([r.get("baseline_average") for r in done]),
         "best_constant": found["best_constant"] if found else None,
         "above_constant": found["above_constant"] if found else None,
-        "exploratory_tasks": sorted({t for rs in by_row.values() for r in rs
+        "exploratory_tasks": sorted({t for r in done
                                      for t, flag in (r.get("exploratory") or {}).items() if flag}),
         "rows_differ": differ, "pairs_differ": stats.pairwise(suite),
-        "hosts": dict(sorted(collections.Counter(host_of(r) for rs in by_row.values()
-                                                 for r in rs).items())),
-        "host_factor": stats.host_factor([(row, host_of(r), r[METRIC])
+        "hosts": _tally(_recorded(r, "host") for r in done),
+        "host_factor": stats.host_factor([(row, _recorded(r, "host"), r[METRIC])
                                           for row, rs in by_row.items() for r in rs
                                           if r.get(METRIC) is not None]),
     }
-
-
-def _claim(table: str, text: str) -> paper.Claim:
-    return next(c for c in paper.CLAIMS if c.table == table and c.text == text)
 
 
 def _task(task: str, entry: Mapping[str, Any]) -> str:
@@ -287,35 +250,45 @@ def _si(value: float | None) -> str:
     return f"{value:.0f}"
 
 
+def _md_row(cells: Iterable[str]) -> str:
+    """One line of a Markdown table."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def _md_head(names: Sequence[str]) -> list[str]:
+    """A Markdown table's header line and rule."""
+    return [_md_row(names), "|" + "---|" * len(names)]
+
+
+def _row_head(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The columns naming the rows: a name 'Architecture | Objective' fills two."""
+    return ["Architecture", "Objective"] if all(" | " in r["row"] for r in rows) else ["Row"]
+
+
 def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
     """The table in the paper's layout, ours beside the published scores, plus the rankings."""
     rows = entry["rows"]
-    split = all(" | " in r["row"] for r in rows)
     tasks = sorted({t for r in rows for t in r["per_task"]})
     has_cost = any(r["paper_params"] for r in rows)
-    head = ["Architecture", "Objective"] if split else ["Row"]
-    if has_cost:
-        head += ["Params (paper)", "Cost (paper)"]
-    head += ["Params (ours)", "FLOPs/seq (ours)", "Ours: suite avg", "seeds",
-             *[_task(t, entry) for t in tasks], "pre-train loss",
-             *[f"paper {c}" for c in paper.COLUMNS]]
+    head = [*_row_head(rows), *(["Params (paper)", "Cost (paper)"] if has_cost else []),
+            "Params (ours)", "FLOPs/seq (ours)", "Ours: suite avg", "seeds",
+            *[_task(t, entry) for t in tasks], "pre-train loss",
+            *[f"paper {c}" for c in paper.COLUMNS]]
     lines = [f"### {entry['title']}", "",
              f"Paper: Table {entry.get('paper_table')}. Ours = {entry['metric']}.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             *_md_head(head)]
     for r in rows:
-        cells = r["row"].split(" | ", 1) if split else [r["row"]]
-        if has_cost:
-            cells += [r["paper_params"] or "—", r["paper_cost"] or "—"]
         ours = _num(r["ours_mean"])
         if r["ours_std"] is not None:
             ours += f" ± {r['ours_std']:.2f}"
         if r.get("ci"):
             ours += f" [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]"
-        cells += [_si(r["parameters"]), _si(r["flops_per_sequence"]), f"**{ours}**",
-                  str(r["num_seeds"]), *[_num(r["per_task"].get(t)) for t in tasks],
-                  _num(r["pretrain_loss"], 3),
-                  *[_num((r["paper"] or {}).get(c)) for c in paper.COLUMNS]]
-        lines.append("| " + " | ".join(cells) + " |")
+        cost = [r["paper_params"] or "—", r["paper_cost"] or "—"] if has_cost else []
+        lines.append(_md_row([
+            r["row"], *cost, _si(r["parameters"]), _si(r["flops_per_sequence"]), f"**{ours}**",
+            str(r["num_seeds"]), *[_num(r["per_task"].get(t)) for t in tasks],
+            _num(r["pretrain_loss"], 3), *[_num((r["paper"] or {}).get(c)) for c in paper.COLUMNS],
+        ]))
     if entry.get("exploratory_tasks"):
         lines += ["", "† Exploratory task: designed after results were seen, so its scores (and "
                   "a suite average that includes them) test no prediction made in advance."]
@@ -340,8 +313,7 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
 def _anova(result: Mapping[str, Any] | None) -> str:
     if not result or result["f"] is None:
         return "—"
-    p = result["p"]
-    return f"{result['f']:.1f} ({'p < 0.001' if p < 0.001 else f'p {p:.3f}'})"
+    return f"{result['f']:.1f} (p {_p(result['p'])})"
 
 
 def _pooled(result: Mapping[str, Any] | None) -> str:
@@ -351,9 +323,8 @@ def _pooled(result: Mapping[str, Any] | None) -> str:
 
 
 def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
-    """Per task: the best constant predictor's score and the rows whose 95% CI of the task
-    score lies above it (a task no row beats may measure the fine-tune, not the pre-training),
-    and whether the task's scores differ between rows more than between seeds (ANOVA)."""
+    """Per task: the best constant score and the rows whose 95% CI lies above it (a task no row
+    beats may measure the fine-tune, not the pre-training), and the ANOVA across rows."""
     best, above = entry.get("best_constant"), entry.get("above_constant")
     differ = entry.get("rows_differ") or {}
     tasks = sorted(best or (t for t in differ if t != METRIC))
@@ -372,43 +343,33 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
                  "seeds, F (p): a task whose rows differ no more than its seeds cannot rank "
                  "them. *Seed std, pooled*: the std between seeds of one row, pooled over those "
                  "rows (df = seeds minus rows): this run's own noise floor.")
-    lines = [note, "",
-             "| | " + " | ".join(_task(t, entry) for t in tasks)
-             + (" | suite average |" if has_anova else " |"),
-             "|---|" + "---|" * (len(tasks) + has_anova)]
+    columns = [*[_task(t, entry) for t in tasks], *(["suite average"] if has_anova else [])]
+    body = []
     if best and above is not None:
-        extra = " — |" if has_anova else ""
-        lines += ["| best constant score | " + " | ".join(_num(best[t]) for t in tasks)
-                  + " |" + extra,
-                  "| rows above it | " + " | ".join(
-                      "—" if above.get(t) is None else f"{len(above[t])}/{done}" for t in tasks)
-                  + " |" + extra]
+        extra = ["—"] if has_anova else []
+        body += [["best constant score", *[_num(best[t]) for t in tasks], *extra],
+                 ["rows above it", *["—" if above.get(t) is None else f"{len(above[t])}/{done}"
+                                     for t in tasks], *extra]]
     if has_anova:
-        lines.append("| rows differ: F (p) | " + " | ".join(
-            _anova(differ.get(k)) for k in (*tasks, METRIC)) + " |")
-        lines.append("| seed std, pooled (df) | " + " | ".join(
-            _pooled(differ.get(k)) for k in (*tasks, METRIC)) + " |")
-    return lines + [""]
+        body += [["rows differ: F (p)", *[_anova(differ.get(k)) for k in (*tasks, METRIC)]],
+                 ["seed std, pooled (df)", *[_pooled(differ.get(k)) for k in (*tasks, METRIC)]]]
+    return [note, "", "| | " + " | ".join(columns) + " |", "|" + "---|" * (1 + len(columns)),
+            *map(_md_row, body), ""]
 
 
 def collapsed_markdown(entry: Mapping[str, Any]) -> list[str]:
     """Per row and task, the seeds whose fine-tune collapsed to one label (`stats.collapsed`):
-    a row's task score near the best constant's, with collapsed seeds, measures the fine-tune's
-    failure rather than the pre-training."""
+    their scores measure the fine-tune's failure rather than the pre-training."""
     rows = [r for r in entry["rows"] if r.get("collapsed")]
     if not rows or not any(n for r in rows for n in r["collapsed"].values()):
         return []
     tasks = sorted({t for r in rows for t in r["collapsed"]})
-    split = all(" | " in r["row"] for r in entry["rows"])  # 'Architecture | Objective'
-    head = ["Architecture", "Objective"] if split else ["Row"]
-    names = [*head, *[_task(t, entry) for t in tasks]]
-    lines = [f"Fine-tunes collapsed to one label (≥ {stats.COLLAPSED_SHARE:.0%} of the test "
-             "examples given the same output), seeds per row:", "",
-             "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    for r in rows:
-        lines.append(f"| {r['row']} | " + " | ".join(
-            f"{r['collapsed'].get(t, 0)}/{r['num_seeds']}" for t in tasks) + " |")
-    return [*lines, ""]
+    body = [[r["row"], *[f"{r['collapsed'].get(t, 0)}/{r['num_seeds']}" for t in tasks]]
+            for r in rows]
+    return [f"Fine-tunes collapsed to one label (≥ {stats.COLLAPSED_SHARE:.0%} of the test "
+            "examples given the same output), seeds per row:", "",
+            *_md_head([*_row_head(entry["rows"]), *[_task(t, entry) for t in tasks]]),
+            *map(_md_row, body), ""]
 
 
 def _host_label(hosts: Sequence[str], host: str) -> str:
@@ -432,9 +393,8 @@ def _seeds_needed(c: Mapping[str, Any]) -> str:
 
 
 def claims_markdown(claims: Sequence[Mapping[str, Any]], hosts: Sequence[str] = ()) -> list[str]:
-    """The claims table: each of the paper's comparisons as our difference of row means, its
-    interval at Holm's level, p and Holm's p, the verdict, and when unresolved the seeds per row
-    for 80% power; with cells on several `hosts`, each side's hosts (⚠ where they differ)."""
+    """The claims table (`stats.evaluate_claims`); with cells on several `hosts`, each side's
+    hosts (⚠ where they differ)."""
     if not claims:
         return []
     family = sum(1 for c in claims if c.get("p") is not None)
@@ -449,19 +409,18 @@ def claims_markdown(claims: Sequence[Mapping[str, Any]], hosts: Sequence[str] = 
     if not family:
         note = ("Claims. With one seed per row there is no seed spread to test a difference "
                 "against: no claim is tested (every verdict unresolved).")
-    lines = [note, "",
-             "| Claim (paper) | paper Δ GLUE | ours: Δ suite avg | interval at Holm's level "
-             "| p (Holm) | verdict | seeds | seeds needed [range] |" + (" hosts |" if many else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if many else "")]
+    lines = [note, "", *_md_head(
+        ["Claim (paper)", "paper Δ GLUE", "ours: Δ suite avg", "interval at Holm's level",
+         "p (Holm)", "verdict", "seeds", "seeds needed [range]", *(["hosts"] if many else [])])]
     for c in claims:
         rel = f" (within ±{c['margin']:g})" if c["relation"] == "≈" else ""
         ci = ("—" if not c.get("ci") else f"[{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] "
               f"({100 * c['ci_confidence']:.1f}%)")
         p = "—" if c.get("p") is None else f"{_p(c['p'])} ({_p(c['p_holm'])})"
-        lines.append(
-            f"| {c['claim']}{rel} | {_num(c.get('paper_difference'))} | {c['difference']:+.2f} "
-            f"| {ci} | {p} | {c['verdict']} | {c['seeds']} | {_seeds_needed(c)} |"
-            + (f" {_claim_hosts(c, hosts)} |" if many else ""))
+        lines.append(_md_row([
+            c["claim"] + rel, _num(c.get("paper_difference")), f"{c['difference']:+.2f}", ci, p,
+            c["verdict"], str(c["seeds"]), _seeds_needed(c),
+            *([_claim_hosts(c, hosts)] if many else [])]))
     lines.append("")
     if many:
         lines += ["Hosts: " + "; ".join(f"{_host_label(hosts, h)} = {h}" for h in hosts)
@@ -518,8 +477,7 @@ def build(specs: Sequence[SweepSpec], cells: Sequence[Cell], sweep_dir: str,
           scale: str) -> dict[str, Any]:
     """The whole report: {'scale', 'tables': {table_id: entry}} (DESIGN.md schema)."""
     results = collect(cells, sweep_dir)
-    count = lambda key: dict(sorted(collections.Counter(
-        str(r.get(key) or "unrecorded") for r in results.values()).items()))
+    count = lambda key: _tally(_recorded(r, key) for r in results.values())
     return {"scale": scale, "num_cells": len(cells), "num_cells_done": len(results),
             "code_versions": count("code"), "hosts": count("host"),
             "tables": {s.table: table_entry(s, cells, results, sweep_dir) for s in specs}}
@@ -549,34 +507,29 @@ def markdown(report: Mapping[str, Any], image_prefix: str = "", discussion: str 
 def write(report: Mapping[str, Any], cells: Sequence[Cell], sweep_dir: str,
           out: str | None = None) -> list[str]:
     """Write `<sweep_dir>/<table>.{md,json,png}`, `t5_tables_<scale>.{md,json}`,
-    `loss_curves.png`; with `out` (a path prefix) also `<out>.md/.json` and `<out>_*.png`.
-    `<out>_discussion.md`, when it exists, is appended to `<out>.md`: the analysis of a
-    committed result survives regenerating it."""
+    `loss_curves.png`; with `out` (a path prefix) also `<out>.md/.json` and `<out>_*.png`,
+    appending `<out>_discussion.md` if any, so a committed analysis survives regenerating."""
     from t5x_like.sweep import plots
 
     written = []
     for table_id, entry in report["tables"].items():
         base = os.path.join(sweep_dir, table_id)
-        with open(base + ".md", "w", encoding="utf-8") as f:
-            f.write(table_markdown(table_id, entry) + f"\n![{table_id}]({table_id}.png)\n")
+        page = table_markdown(table_id, entry) + f"\n![{table_id}]({table_id}.png)\n"
+        pathlib.Path(base + ".md").write_text(page, encoding="utf-8")
         write_json(base + ".json", {"scale": report["scale"], "tables": {table_id: entry}})
         plots.bar_chart(entry, base + ".png")
         written += [base + ".md", base + ".json", base + ".png"]
     plots.loss_curves(cells, sweep_dir, os.path.join(sweep_dir, "loss_curves.png"))
     combined = os.path.join(sweep_dir, f"t5_tables_{report['scale']}")
-    with open(combined + ".md", "w", encoding="utf-8") as f:
-        f.write(markdown(report))
+    pathlib.Path(combined + ".md").write_text(markdown(report), encoding="utf-8")
     write_json(combined + ".json", report)
     written += [os.path.join(sweep_dir, "loss_curves.png"), combined + ".md", combined + ".json"]
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        prefix = os.path.basename(out) + "_"
-        discussion = ""
-        if os.path.exists(out + "_discussion.md"):
-            with open(out + "_discussion.md", encoding="utf-8") as f:
-                discussion = f.read()
-        with open(out + ".md", "w", encoding="utf-8") as f:
-            f.write(markdown(report, image_prefix=prefix, discussion=discussion))
+        notes = pathlib.Path(out + "_discussion.md")
+        discussion = notes.read_text(encoding="utf-8") if notes.exists() else ""
+        page = markdown(report, image_prefix=os.path.basename(out) + "_", discussion=discussion)
+        pathlib.Path(out + ".md").write_text(page, encoding="utf-8")
         write_json(out + ".json", report)
         for table_id, entry in report["tables"].items():
             plots.bar_chart(entry, f"{out}_{table_id}.png")

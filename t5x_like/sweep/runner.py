@@ -1,36 +1,19 @@
 """Run cells: `python -m t5x_like.train` then `python -m t5x_like.evaluate` as subprocesses.
 
-Layout of a cell, `<sweep_dir>/cells/<cell_id>/`:
-  cell.json      what to run (gin files, bindings, scale flags), written first
-  pretrain/      the trainer's model dir (checkpoints, config.gin, metrics.jsonl);
-                 its log in pretrain.log
-  eval/          evaluate's out dir (finetune/, results.json, results.md); log in eval.log
-  results.json   written last (atomically): the cell is done; a rerun skips it
-A finished cell's records (`RECORDS`: what the report reads, no checkpoints) can be kept in an
-archive (`--archive`, e.g. committed under benchmarks/): a sweep restores the cells it finds
-there before running and archives each cell it finishes, so a sweep spread over sessions on
-fresh checkouts only ever runs a cell once. An archive is one file, `<name>.jsonl.gz`: gzip'd
-JSON Lines, one line per cell, `{"cell_id": ..., "files": {relative path: text}}`, cells and
-paths sorted and the gzip header's time 0, so the same cells give the same bytes (`read_archive`,
-`write_archive`). Any other `--archive` path is a directory of `cells/<cell_id>/` dirs, the
-layout of earlier archives (still read and written; `pack` turns one into a file).
-Before its first subprocess a cell makes sure the data directory is prepared (the embedded
-corpus, its vocabulary and the downstream suite: `data.prepare`, a no-op when current), so a
-sweep or `--run_cell` works on a fresh machine.
-An interrupted cell resumes: the trainer restarts from its latest checkpoint and evaluate skips
-fine-tunes that reached their step count. A control cell (`Cell.control`: no pre-training)
-initialises its model instead (`init_model`, in a `python -m t5x_like.sweep --init_cell=DIR`
-subprocess: the architecture's fresh parameters, seeded by the cell's seed as the trainer's step 0
-would be, written as a converted model dir, `pretrain/params` + `pretrain/config.gin`) and is then
-evaluated like any cell.
+A cell dir, `<sweep_dir>/cells/<cell_id>/`, holds `cell.json` (what to run, written first),
+`pretrain/` + `pretrain.log` (the trainer's model dir), `eval/` + `eval.log` (evaluate's out dir)
+and `results.json`, written last (atomically): the cell is done and a rerun skips it. An
+interrupted cell resumes from the trainer's last checkpoint and evaluate's finished fine-tunes.
+A control cell (`Cell.control`) is not pre-trained: `init_model` (an `--init_cell` subprocess)
+writes its fresh initialisation as a converted model dir. A cell first prepares the data
+directory (`data.prepare`, a no-op when current), so a sweep works on a fresh machine.
 
-Order (`run_order`): seed-major, all rows' seed 0, then seed 1, ...; within a seed the most
-training FLOPs first, so with `--parallel` the long decoder-only cells do not trail at the end. A
-sweep spread over sessions on different hosts (`--archive`) thus splits every row's seeds across
-the hosts it spans, instead of running whole rows on one host (the host is then not confounded
-with the row; each cell's `results.json` records its `host` and `code`). Cells share one
-persistent XLA compilation cache, `<sweep_dir>/xla_cache` (cells of one architecture compile the
-same fine-tuning and scoring programs).
+A finished cell's `RECORDS` (what the report reads, no checkpoints) can be kept in an archive
+(`--archive`), restored before a sweep runs and added to as each cell finishes, so a sweep spread
+over sessions on fresh checkouts runs each cell once: an `ARCHIVE_SUFFIX` file of gzip'd JSON
+Lines `{"cell_id": ..., "files": {relative path: text}}`, sorted, gzip time 0 (the same cells
+give the same bytes), or a directory of `cells/<cell_id>/` (the earlier layout; see `pack`).
+Cells run in `run_order` and share one XLA compilation cache, `<sweep_dir>/xla_cache`.
 """
 
 from __future__ import annotations
@@ -40,6 +23,7 @@ import contextlib
 import dataclasses
 import fcntl
 import gzip
+import io
 import json
 import os
 import re
@@ -102,6 +86,14 @@ def _read_text(path: str) -> str:
         return f.read()
 
 
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write `path` through a temporary file and a rename: readers never see half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def cell_records(path: str, slim: bool = True) -> dict[str, str]:
     """A cell dir's `RECORDS` that exist, as {relative path ('/'-separated): text}; with
     `slim`, predictions keep only `PREDICTION_FIELDS` (an archived cell's already do)."""
@@ -126,16 +118,7 @@ def write_records(records: Mapping[str, str], dst: str) -> None:
             raise ValueError(f"archived file {rel!r} is not a relative path inside its cell")
         target = os.path.join(dst, *parts)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(f"{target}.tmp", "w", encoding="utf-8", newline="") as f:
-            f.write(records[rel])
-        os.replace(f"{target}.tmp", target)
-
-
-def copy_records(src: str, dst: str) -> None:
-    """Copy a finished cell's `RECORDS` from cell dir `src` to cell dir `dst`, predictions
-    without their input text (results.json last, atomically: an interrupted copy is not a
-    finished cell)."""
-    write_records(cell_records(src), dst)
+        _write_atomic(target, records[rel].encode())
 
 
 def is_archive_file(archive: str) -> bool:
@@ -144,8 +127,7 @@ def is_archive_file(archive: str) -> bool:
 
 
 def read_archive(archive: str) -> dict[str, dict[str, str]]:
-    """cell_id -> {relative path: text} of every finished cell in an archive file or directory
-    (empty when it does not exist yet)."""
+    """cell_id -> {relative path: text} of an archive's finished cells ({} when it is missing)."""
     if not is_archive_file(archive):
         root = os.path.join(archive, "cells")
         names = sorted(os.listdir(root)) if os.path.isdir(root) else []
@@ -174,15 +156,13 @@ def read_archive(archive: str) -> dict[str, dict[str, str]]:
 def write_archive(archive: str, cells: Mapping[str, Mapping[str, str]]) -> None:
     """Write an archive file (atomically): one JSON line per cell, cells and paths sorted,
     gzip level 9 with no name or time in its header, so the same cells give the same bytes."""
-    lines = "".join(json.dumps({"cell_id": cell_id, "files": dict(sorted(files.items()))},
-                               sort_keys=True) + "\n"
+    lines = "".join(json.dumps({"cell_id": cell_id, "files": dict(files)}, sort_keys=True) + "\n"
                     for cell_id, files in sorted(cells.items()))
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, compresslevel=9, mtime=0) as out:
+        out.write(lines.encode())
     os.makedirs(os.path.dirname(os.path.abspath(archive)), exist_ok=True)
-    tmp = f"{archive}.tmp{os.getpid()}"
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
-                                               compresslevel=9, mtime=0) as out:
-        out.write(lines.encode("utf-8"))
-    os.replace(tmp, archive)
+    _write_atomic(archive, buffer.getvalue())
 
 
 @contextlib.contextmanager
@@ -201,15 +181,14 @@ def _archive_locked(archive: str) -> Iterator[None]:
 
 
 def archive_cell(archive: str, path: str) -> None:
-    """Add the finished cell dir `path` to `archive` (replacing an earlier copy of it)."""
+    """Add the finished cell dir `path` to `archive` (replacing an earlier copy of it), its
+    predictions without their input text."""
+    cell_id, records = os.path.basename(os.path.normpath(path)), cell_records(path)
     if not is_archive_file(archive):
-        copy_records(path, os.path.join(archive, "cells", os.path.basename(os.path.normpath(path))))
+        write_records(records, os.path.join(archive, "cells", cell_id))
         return
-    records = cell_records(path)
     with _archive_locked(archive):
-        cells = read_archive(archive)
-        cells[os.path.basename(os.path.normpath(path))] = records
-        write_archive(archive, cells)
+        write_archive(archive, {**read_archive(archive), cell_id: records})
 
 
 def pack(directory: str, archive: str) -> int:
@@ -234,24 +213,16 @@ def unpack(archive: str, directory: str, cell_ids: Sequence[str] | None = None) 
 def restore(cells: Sequence[Cell], archive: str, sweep_dir: str) -> int:
     """Copy into `sweep_dir` every cell finished in `archive` and not in `sweep_dir`, its
     files exactly as archived; returns how many."""
-    archived = read_archive(archive)
-    restored = 0
-    for cell in cells:
-        dst = cell_dir(sweep_dir, cell)
-        if cell.cell_id in archived and not is_done(dst):
-            write_records(archived[cell.cell_id], dst)
-            restored += 1
-    return restored
+    return len(unpack(archive, sweep_dir,
+                      [c.cell_id for c in cells if not is_done(cell_dir(sweep_dir, c))]))
 
 
 def code_version() -> str | None:
-    """The commit of the t5x_like checkout running this (`+dirty` when tracked files differ
-    from it), or None outside a git checkout. A sweep's cells may run over days and checkouts
-    (`--archive`), so each cell records the code it finished on and the report names them."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """The commit of this checkout (`+dirty` when tracked files differ from it), or None outside
+    git: a sweep's cells may run over days and checkouts, so each records the code it ran."""
     try:
-        head, dirty = (subprocess.run(["git", "-C", root, *argv], capture_output=True, text=True,
-                                      check=True, timeout=60).stdout.strip()
+        head, dirty = (subprocess.run(["git", "-C", grid.REPO_ROOT, *argv], capture_output=True,
+                                      text=True, check=True, timeout=60).stdout.strip()
                        for argv in (["rev-parse", "--short=12", "HEAD"],
                                     ["status", "--porcelain", "--untracked-files=no"]))
     except (OSError, subprocess.SubprocessError):
@@ -259,27 +230,20 @@ def code_version() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def binding_flags(bindings: Sequence[str]) -> list[str]:
-    """Gin bindings -> `--gin_bindings=...` flags (exact text, macros and all)."""
-    return [f"--gin_bindings={b}" for b in bindings]
-
-
 def train_command(spec: Mapping[str, Any], path: str) -> list[str]:
-    """The `python -m t5x_like.train` argv of a cell spec (see `cell_spec`)."""
+    """The `python -m t5x_like.train` argv of a cell spec (a cell.json: `prepare`)."""
     return [sys.executable, "-m", "t5x_like.train",
-            *[f"--gin_file={f}" for f in spec["gin_files"]], *binding_flags(spec["bindings"]),
+            *[f"--gin_file={f}" for f in spec["gin_files"]],
+            *[f"--gin_bindings={b}" for b in spec["bindings"]],
             f"--model_dir={os.path.join(path, 'pretrain')}", *spec["scale"]["train_flags"]]
 
 
 def evaluate_command(spec: Mapping[str, Any], path: str, out: str = "eval",
-                     finetune_seed: int | None = None,
-                     extra: Sequence[str] = ()) -> list[str]:
+                     finetune_seed: int | None = None, extra: Sequence[str] = ()) -> list[str]:
     """The `python -m t5x_like.evaluate` argv of a cell spec, writing to `path/out`. The
-    fine-tuning seed (data order, dropout) is `finetune_seed` when given, else what the
-    fine-tuning gin binds: `gin/runs/finetune.gin` includes pretrain.gin's `train.seed = 0`
-    after the checkpoint's config.gin, so every cell of a sweep fine-tunes with seed 0 and
-    its `seed` varies the pre-training (a control cell's: its initialisation) only.
-    `extra`: flags (`--...`) and gin bindings appended last, so they win over the scale's."""
+    fine-tuning seed is `finetune_seed` when given, else `gin/runs/finetune.gin`'s 0 for every
+    cell (a cell's `seed` varies only its pre-training or initialisation). `extra`: flags
+    (`--...`) and gin bindings appended last, so they win over the scale's."""
     scale = spec["scale"]
     seed = [] if finetune_seed is None else [f"train.seed = {int(finetune_seed)}"]
     flags = [e for e in extra if e.startswith("--")]
@@ -288,49 +252,36 @@ def evaluate_command(spec: Mapping[str, Any], path: str, out: str = "eval",
             f"--checkpoint={os.path.join(path, 'pretrain')}",
             f"--out_dir={os.path.join(path, out)}", *scale["evaluate_flags"], *flags,
             *[f"--gin_file={f}" for f in scale["evaluate_gin_files"]],
-            *binding_flags([*scale["evaluate_bindings"], *seed, *bindings])]
+            *[f"--gin_bindings={b}" for b in [*scale["evaluate_bindings"], *seed, *bindings]]]
 
 
-def cell_spec(cell: Cell, scale: ScaleSpec) -> dict[str, Any]:
-    """Everything needed to run `cell` without re-reading the sweep files (cell.json);
-    `control` only when true (an archived cell's cell.json is rewritten as it was)."""
+def write_json(path: str, data: Any) -> None:
+    """Write JSON (indent 1, a final newline) atomically: readers never see half a file."""
+    _write_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def prepare(cell: Cell, scale: ScaleSpec, sweep_dir: str) -> str:
+    """Create the cell dir with its cell.json, everything needed to run `cell` without the sweep
+    files (rows merged with an existing one; `control` only when true, so an archived cell's
+    cell.json is rewritten as it was); returns the dir."""
+    path = cell_dir(sweep_dir, cell)
+    os.makedirs(path, exist_ok=True)
     spec = dataclasses.asdict(cell)
     if not spec["control"]:
         del spec["control"]
     spec["rows"] = [list(r) for r in cell.rows]
     spec["scale"] = dataclasses.asdict(scale)
-    return spec
-
-
-def write_json(path: str, data: Any) -> None:
-    """Write JSON atomically (temporary file + rename), so readers never see half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def prepare(cell: Cell, scale: ScaleSpec, sweep_dir: str) -> str:
-    """Create the cell dir with its cell.json (rows merged with an existing one); returns it."""
-    path = cell_dir(sweep_dir, cell)
-    os.makedirs(path, exist_ok=True)
-    spec = cell_spec(cell, scale)
     spec_path = os.path.join(path, CELL_SPEC)
     if os.path.exists(spec_path):
-        with open(spec_path, encoding="utf-8") as f:
-            old_rows = json.load(f).get("rows", [])
+        old_rows = json.loads(_read_text(spec_path)).get("rows", [])
         spec["rows"] = [*spec["rows"], *[r for r in old_rows if r not in spec["rows"]]]
     write_json(spec_path, spec)
     return path
 
 
 def child_env(cache_dir: str | None = None) -> dict[str, str]:
-    """The subprocess environment: ours minus XLA's fake host device count (a test-suite
-    setting that would split the CPU into devices), unbuffered output, JAX's persistent
-    compilation cache in `cache_dir` (every compiled program; unless the caller set one), and
-    huge pages for XLA:CPU's buffers (`t5x_like.runtime.hugepages`; set here, so no child
-    re-executes)."""
+    """A cell subprocess's environment: ours without XLA's fake host devices (a test setting),
+    unbuffered, JAX's compilation cache in `cache_dir` (unless set), huge pages (no re-exec)."""
     env = hugepages.hugepage_env(os.environ)
     if cache_dir and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
@@ -352,18 +303,15 @@ def _cache_dir(path: str) -> str:
 
 def run_evaluation(path: str, out: str, finetune_seed: int | None = None,
                    extra: Sequence[str] = ()) -> dict[str, Any]:
-    """Evaluate a cell's pre-trained checkpoint again into `path/out` (e.g. with another
-    fine-tuning seed, or another protocol: `extra` as in `evaluate_command`); skipped when
-    `path/out/results.json` exists; returns that file."""
+    """Evaluate a cell's checkpoint again into `path/out` (e.g. another fine-tuning seed or
+    protocol, as in `evaluate_command`), unless `path/out/results.json` exists; returns it."""
     results = os.path.join(path, out, RESULTS)
     if not os.path.exists(results):
-        with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
-            spec = json.load(f)
+        spec = json.loads(_read_text(os.path.join(path, CELL_SPEC)))
         _run(evaluate_command(spec, path, out, finetune_seed, extra),
              os.path.join(path, f"{out}.log"),
              f"{os.path.basename(path)}: python -m t5x_like.evaluate ({out})", _cache_dir(path))
-    with open(results, encoding="utf-8") as f:
-        return json.load(f)
+    return json.loads(_read_text(results))
 
 
 def _last_error(log_path: str) -> str | None:
@@ -381,9 +329,8 @@ def _last_error(log_path: str) -> str | None:
 
 def _run(argv: Sequence[str], log_path: str, what: str,
          cache_dir: str | None = None) -> tuple[float, float]:
-    """Run one subprocess, appending its output to log_path; returns (wall, CPU) seconds
-    (CPU = user + system of the process, from wait4: on a shared machine the wall time
-    depends on the other load, the CPU time much less)."""
+    """Run one subprocess, appending its output to log_path; returns (wall, CPU) seconds (CPU
+    = user + system, from wait4: on a shared machine it depends much less on the other load)."""
     start = time.time()
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(argv)}\n")
@@ -422,29 +369,20 @@ def read_metrics(model_dir: str) -> list[dict[str, Any]]:
 
 
 def pretrain_summary(model_dir: str) -> dict[str, Any]:
-    """Final train loss/step and last eval loss from metrics.jsonl (a resumed run's records
-    for a step replace the earlier ones)."""
-    train = {r["step"]: r for r in read_metrics(model_dir)
-             if r.get("split") == "train" and "loss" in r}
-    evals = [r for r in read_metrics(model_dir) if r.get("split") == "eval" and "loss" in r]
+    """Final train step/loss and last eval loss (a resumed run's later records for a step win)."""
+    records = [r for r in read_metrics(model_dir) if "loss" in r]
+    train = {r["step"]: r for r in records if r.get("split") == "train"}
+    evals = [r for r in records if r.get("split") == "eval"]
     last = train[max(train)] if train else {}
     return {"final_step": last.get("step"), "final_loss": last.get("loss"),
             "eval_loss": evals[-1]["loss"] if evals else None}
 
 
-def init_command(path: str) -> list[str]:
-    """The argv that initialises a control cell's model (`init_model`) in a subprocess."""
-    return [sys.executable, "-m", "t5x_like.sweep", f"--init_cell={path}"]
-
-
 def init_model(path: str) -> str:
-    """A control cell's model dir without pre-training, `path/pretrain`: `params/` (orbax
-    PyTree) = the architecture's fresh initialisation under the cell's `train.seed` (the
-    trainer's step-0 params of that seed, bitwise on one device: `model.init_variables`,
-    jitted), and `config.gin` = the cell's parsed train config, written last. The layout of a
-    converted model dir (`python -m t5x_like.convert --to ours`), which `python -m
-    t5x_like.evaluate` fine-tunes from. Skipped when done (a partial earlier attempt is
-    replaced); returns the model dir."""
+    """A control cell's model dir without pre-training, `path/pretrain`, as a converted model dir
+    (which evaluate fine-tunes from): `params/` = the trainer's step-0 params for the cell's
+    `train.seed` (bitwise on one device), then `config.gin` = its parsed train config. Skipped
+    when done (a partial earlier attempt is replaced); returns the model dir."""
     import flax.linen as nn
     import gin
     import jax
@@ -453,19 +391,15 @@ def init_model(path: str) -> str:
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.train.checkpoints import CONVERTED_PARAMS_SUBDIR
 
-    with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
-        spec = json.load(f)
+    spec = json.loads(_read_text(os.path.join(path, CELL_SPEC)))
     model_dir = os.path.abspath(os.path.join(path, "pretrain"))
     config_path = os.path.join(model_dir, "config.gin")
     if os.path.isfile(config_path):
         return model_dir
-    try:
-        grid._parse(spec["gin_files"], spec["bindings"])
+    with grid.parsed(spec["gin_files"], spec["bindings"]):
         text = gin.config_str()
         model = make_model(TransformerConfig())
         seed, pack = int(gin.query_parameter("train.seed")), bool(gin.query_parameter("train.pack"))
-    finally:
-        gin.clear_config()
     batch = model.example_batch(1, dict(spec["sequence_length"]), packed=pack)
     # jitted as the trainer's (eager rounds the initialisers' scaling differently in the last bit)
     init = jax.jit(lambda rng: nn.unbox(model.init_variables(rng, batch)["params"]))
@@ -473,10 +407,9 @@ def init_model(path: str) -> str:
     shutil.rmtree(model_dir, ignore_errors=True)
     os.makedirs(model_dir)
     write_tree(params, os.path.join(model_dir, CONVERTED_PARAMS_SUBDIR))
-    with open(f"{config_path}.tmp", "w", encoding="utf-8") as f:
-        f.write(f"{text}\n# No pre-training (a control cell): {CONVERTED_PARAMS_SUBDIR}/ holds the "
-                f"fresh initialisation (train.seed = {seed}).\ntrain.model_dir = {model_dir!r}\n")
-    os.replace(f"{config_path}.tmp", config_path)
+    note = (f"# No pre-training (a control cell): {CONVERTED_PARAMS_SUBDIR}/ holds the fresh "
+            f"initialisation (train.seed = {seed}).")
+    _write_atomic(config_path, f"{text}\n{note}\ntrain.model_dir = {model_dir!r}\n".encode())
     count = sum(int(leaf.size) for leaf in jax.tree.leaves(params))
     print(f"[t5x_like.sweep] {spec['cell_id']}: no pre-training; initialised {count:,} "
           f"parameters (seed {seed}) in {model_dir}", flush=True)
@@ -489,8 +422,8 @@ def _pretrain(spec: Mapping[str, Any], path: str, name: str, cache_dir: str,
     log_path = os.path.join(path, "pretrain.log")
     if spec.get("control"):
         log(f"[sweep] {name}: control, no pre-training: initialising")
-        return _run(init_command(path), log_path, f"{name}: python -m t5x_like.sweep --init_cell",
-                    cache_dir)
+        return _run([sys.executable, "-m", "t5x_like.sweep", f"--init_cell={path}"], log_path,
+                    f"{name}: python -m t5x_like.sweep --init_cell", cache_dir)
     log(f"[sweep] {name}: pre-training")
     times = _run(train_command(spec, path), log_path, f"{name}: python -m t5x_like.train",
                  cache_dir)
@@ -499,8 +432,7 @@ def _pretrain(spec: Mapping[str, Any], path: str, name: str, cache_dir: str,
 
 
 def exploratory_tasks(tasks: Sequence[str]) -> dict[str, bool]:
-    """task -> whether it is exploratory (`DownstreamSpec.exploratory`: designed after seeing
-    results) rather than pre-registered, for every evaluated task."""
+    """task -> whether it is exploratory (designed after seeing results, not pre-registered)."""
     from t5x_like.data import downstream
 
     return {t: bool(downstream.get_spec(t).exploratory) for t in tasks}
@@ -530,10 +462,8 @@ def _results(spec: Mapping[str, Any], path: str, evaluation: Mapping[str, Any],
         "tasks": {t: r.get("score") for t, r in tasks.items()},
         "exploratory": exploratory_tasks(list(tasks)),
         "evaluation": evaluation,
-        "seconds": {"pretrain": round(wall[0], 1), "evaluate": round(wall[1], 1),
-                    "total": round(sum(wall), 1)},
-        "cpu_seconds": {"pretrain": round(cpu[0], 1), "evaluate": round(cpu[1], 1),
-                        "total": round(sum(cpu), 1)},
+        **{key: {"pretrain": round(t[0], 1), "evaluate": round(t[1], 1), "total": round(sum(t), 1)}
+           for key, t in (("seconds", wall), ("cpu_seconds", cpu))},
     }
 
 
@@ -543,10 +473,8 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
     name = os.path.basename(os.path.normpath(path))
     if os.path.exists(results_path):
         log(f"[sweep] {name}: done, skipped")
-        with open(results_path, encoding="utf-8") as f:
-            return json.load(f)
-    with open(os.path.join(path, CELL_SPEC), encoding="utf-8") as f:
-        spec = json.load(f)
+        return json.loads(_read_text(results_path))
+    spec = json.loads(_read_text(os.path.join(path, CELL_SPEC)))
     try:
         data_prepare.prepare(log=log)
     except (assets.AssetError, data_prepare.PrepareError) as err:
@@ -556,11 +484,10 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
     log(f"[sweep] {name}: pre-trained in {pretrain_s:.0f}s; evaluating")
     evaluate_s, evaluate_cpu = _run(evaluate_command(spec, path), os.path.join(path, "eval.log"),
                                     f"{name}: python -m t5x_like.evaluate", cache_dir)
-    if not os.path.exists(os.path.join(path, "eval", "results.json")):
+    if not os.path.exists(os.path.join(path, "eval", RESULTS)):
         raise CellFailed(f"{name}: python -m t5x_like.evaluate stopped before writing its results "
                          "(interrupted: it saved its fine-tune); run the sweep again to resume")
-    with open(os.path.join(path, "eval", "results.json"), encoding="utf-8") as f:
-        evaluation = json.load(f)
+    evaluation = json.loads(_read_text(os.path.join(path, "eval", RESULTS)))
     results = _results(spec, path, evaluation, (pretrain_s, evaluate_s),
                        (pretrain_cpu, evaluate_cpu))
     write_json(results_path, results)
@@ -576,14 +503,12 @@ def _locked_print(message: str) -> None:
 
 def run_order(cells: Sequence[Cell]) -> list[Cell]:
     """The cells in the order a sweep runs them: seed-major (every row's seed 0, then seed 1,
-    ...), so a sweep spread over sessions and hosts gives each row seeds on every host it spans;
-    within a seed, most training FLOPs first (FLOPs per sequence x batch x steps; a control cell
-    has none; ties keep their order), so the longest cells do not leave one core idle at the
-    end of a parallel sweep."""
+    ...), so a sweep spread over hosts splits each row's seeds across them (the host is not
+    confounded with the row); within a seed, most training FLOPs first, so none trails at the end
+    (ties keep their order)."""
     def cost(cell: Cell) -> float:
         measured = costs.measure(cell.gin_files, cell.bindings, cell.sequence_length)
-        return (measured["flops_per_sequence"] * measured["batch_size"]
-                * measured["num_train_steps"])
+        return measured["flops_per_sequence"] * measured["batch_size"] * measured["num_train_steps"]
 
     flops = {c.cell_id: cost(c) for c in cells}
     return sorted(cells, key=lambda c: (c.seed, -flops[c.cell_id]))
@@ -613,13 +538,8 @@ def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
 
 
 def print_commands(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str) -> list[str]:
-    """Write every cell.json and return one shell line per unfinished cell (in `run_order`),
-    each running that cell alone (`python -m t5x_like.sweep --run_cell=DIR`), for a cluster
-    scheduler."""
-    lines = []
-    for cell in run_order(cells):
-        path = prepare(cell, scale, sweep_dir)
-        if not is_done(path):
-            lines.append(shlex.join([sys.executable, "-m", "t5x_like.sweep",
-                                     f"--run_cell={path}"]))
-    return lines
+    """Write every cell.json and return, for a cluster scheduler, one shell line per unfinished
+    cell (in `run_order`) running that cell alone (`python -m t5x_like.sweep --run_cell=DIR`)."""
+    paths = [prepare(c, scale, sweep_dir) for c in run_order(cells)]
+    return [shlex.join([sys.executable, "-m", "t5x_like.sweep", f"--run_cell={path}"])
+            for path in paths if not is_done(path)]

@@ -1,25 +1,11 @@
-"""Uncertainty for sweep results: verdicts on the paper's claims that hold a family-wise error
-rate, intervals of row scores, the seeds a claim would need, Kendall τ's exact test, post-hoc
-pairs, host as a factor; and a bootstrap over seeds and test examples (for scripts).
+"""Uncertainty for sweep results: claim verdicts, row intervals, seeds needed, Kendall τ's
+exact test, post-hoc pairs, host as a factor; a bootstrap (`row_replicates`) for scripts only.
 
-A row's score is the mean over its seeds of the suite average (the mean over tasks of each
-task's primary score on its test split). Every verdict, interval and seed count of a report
-comes from one design (`TableData`, `contrast`): a difference of row means, *unpaired* (seeds
-are independent across rows), whose variance adds two parts. The seed part is the within-row
-variance of per-seed scores pooled over the table's rows (the ANOVA's, with seeds minus rows
-degrees of freedom) times Σ w²/seeds. The test-example part is a jackknife over the test
-examples, which every row shares, counting only the covariance between *different* cells (a
-cell's own example noise is already in its seed spread). A t-test with Welch-Satterthwaite
-degrees of freedom gives each claim a p-value; Holm over a table's claims holds the chance of
-any false verdict in the table at `FAMILY_ALPHA`. Nothing here draws random numbers, so no
-random seed can decide a verdict, and every sum is plain Python or `math.fsum` (elementwise
-NumPy only), so reports rebuild to the same bytes on every CPU.
-
-Scores are recomputed from per-example codes (`TaskPredictions`): accuracy and exact match are
-means of a 0/1 vector, macro-F1 is over the classes present in the targets, as
-`t5x_like.data.scoring.f1_macro` is. `row_replicates` (the bootstrap: per row the seeds with
-replacement, per task the test examples with replacement, shared by the rows) is kept for the
-scripts that compare re-fine-tuned checkpoints; it decides no verdict.
+Every verdict, interval and seed count comes from one design (`TableData`, `contrast`): an
+unpaired difference of row means (a row's score: the mean over seeds of the suite average)
+whose variance adds the seed variance pooled over the table's rows and a jackknife over the
+test examples all rows share; Welch-Satterthwaite t-tests, Holm over a table's claims. No
+random draws, only plain Python or `math.fsum` sums: reports rebuild to the same bytes anywhere.
 """
 
 from __future__ import annotations
@@ -31,31 +17,37 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy import special
 
 from t5x_like.sweep.paper import Claim
 
 #: Confidence of a row's interval and of the unadjusted claim intervals.
 CONFIDENCE = 0.95
-#: The chance of any false verdict among one table's claims, and of any false "these rows
-#: differ" among its pairs.
+#: The chance of any false verdict among a table's claims, or "these rows differ" among its pairs.
 FAMILY_ALPHA = 0.05
 #: The power "seeds needed" plans for.
 POWER = 0.80
 #: Kendall's exact test enumerates every order of the rows when scores tie, up to this many.
 MAX_ENUMERATED_ROWS = 10
 DEFAULT_REPLICATES = 2000
+#: A fine-tune whose most common test output covers at least this share of the examples is
+#: counted as collapsed: a (near-)constant predictor that learned the label prior, not the input.
+COLLAPSED_SHARE = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskPredictions:
-    """One seed's predictions on one task's test split, as codes: `targets`/`outputs` [n] ints
-    (a class id per distinct string; an output outside the targets' classes gets its own id),
-    `metric` in {'accuracy', 'exact_match', 'f1_macro'} ('exact_match': `outputs` already equal
-    `targets` where the normalised answer matched)."""
+    """One seed's predictions on one task's test split: `targets`/`outputs` [n] class ids (one
+    per distinct normalised string, so 'exact_match' is `outputs == targets`), `metric` in
+    {'accuracy', 'exact_match', 'f1_macro'}."""
 
     metric: str
     targets: np.ndarray
     outputs: np.ndarray
+
+
+#: row -> one {task: predictions} per seed, all on the same test examples per task.
+Rows = Mapping[str, Sequence[Mapping[str, TaskPredictions]]]
 
 
 def encode(metric: str, targets: Sequence[str], outputs: Sequence[str],
@@ -70,7 +62,8 @@ def encode(metric: str, targets: Sequence[str], outputs: Sequence[str],
 
 
 def scores(pred: TaskPredictions, index: np.ndarray) -> np.ndarray:
-    """The metric (0-100) on each row of `index` [replicates, n] (resampled example ids)."""
+    """The metric (0-100) on each row of `index` [replicates, n] (resampled example ids);
+    macro-F1 over the classes present in the targets, as `t5x_like.data.scoring.f1_macro`."""
     t, o = pred.targets[index], pred.outputs[index]
     if pred.metric in ("accuracy", "exact_match"):
         return 100.0 * (t == o).mean(axis=-1)
@@ -88,9 +81,9 @@ def scores(pred: TaskPredictions, index: np.ndarray) -> np.ndarray:
     return 100.0 * f1 / np.maximum(present, 1)
 
 
-#: A fine-tune whose most common test output covers at least this share of the examples is
-#: counted as collapsed: a (near-)constant predictor that learned the label prior, not the input.
-COLLAPSED_SHARE = 0.95
+def _full_score(pred: TaskPredictions) -> float:
+    """The metric (0-100) on the whole test split."""
+    return float(scores(pred, np.arange(len(pred.targets))[None])[0])
 
 
 def top_output_share(pred: TaskPredictions) -> float:
@@ -104,12 +97,9 @@ def collapsed(pred: TaskPredictions) -> bool:
 
 
 def best_constant_score(pred: TaskPredictions) -> float:
-    """The best score a constant predictor gets on these test targets (any one gold class for
-    every example): the floor a collapsed fine-tune lands on, often above the majority-class
-    baseline when the test split's label shares differ from the training split's."""
-    everything = np.arange(len(pred.targets))[None]
-    return max(float(scores(TaskPredictions(pred.metric, pred.targets,
-                                            np.full_like(pred.targets, c)), everything)[0])
+    """The best score of one gold class predicted for every example: the floor a collapsed
+    fine-tune lands on (above the majority-class baseline when the splits' label shares differ)."""
+    return max(_full_score(dataclasses.replace(pred, outputs=np.full_like(pred.targets, c)))
                for c in np.unique(pred.targets))
 
 
@@ -122,8 +112,7 @@ def percentile_ci(samples: np.ndarray) -> tuple[float, float]:
 
 def kendall_tau(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Kendall's τ-b between each row of `x` [..., k] and `y` [k] (NaN where undefined)."""
-    x = np.asarray(x, np.float64)
-    y = np.asarray(y, np.float64)
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     i, j = np.triu_indices(y.shape[-1], k=1)
     sx, sy = np.sign(x[..., j] - x[..., i]), np.sign(y[j] - y[i])
     concordance = (sx * sy).sum(-1)
@@ -132,29 +121,24 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.where((nx > 0) & (ny > 0), concordance / np.sqrt(nx * ny), np.nan)
 
 
-def _example_counts(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
-                    tasks: Sequence[str]) -> dict[str, int]:
-    """task -> its number of test examples, which every seed of every row must share (a row
-    with no finished seed, or another count, is an error naming it)."""
+def _example_counts(rows: Rows, tasks: Sequence[str]) -> dict[str, int]:
+    """task -> its number of test examples, checked to be the same in every seed of every row."""
     sizes: dict[str, int] = {}
     for row, seeds in rows.items():
         if not seeds:
             raise ValueError(f"row {row!r} has no finished seed")
-        for per_task in seeds:
-            for task in tasks:
-                n = len(per_task[task].targets)
-                if sizes.setdefault(task, n) != n:
-                    raise ValueError(f"task {task}: {n} test examples in row {row!r}, "
-                                     f"{sizes[task]} elsewhere")
+        for per_task, task in itertools.product(seeds, tasks):
+            n = len(per_task[task].targets)
+            if sizes.setdefault(task, n) != n:
+                raise ValueError(f"task {task}: {n} test examples in row {row!r}, "
+                                 f"{sizes[task]} elsewhere")
     return sizes
 
 
-def row_replicates(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
-                   tasks: Sequence[str], replicates: int = DEFAULT_REPLICATES,
+def row_replicates(rows: Rows, tasks: Sequence[str], replicates: int = DEFAULT_REPLICATES,
                    seed: int = 0) -> dict[str, np.ndarray]:
-    """row -> [replicates] bootstrap samples of its score (mean over seeds of the suite
-    average over `tasks`). `rows[row]` = one {task: predictions} per seed; every seed of every
-    row must hold the same test examples per task (same count)."""
+    """row -> [replicates] bootstrap samples of its score: per row the seeds with replacement,
+    per task the test examples with replacement, shared by the rows."""
     rng = np.random.default_rng(seed)
     sizes = _example_counts(rows, tasks)
     examples = {t: rng.integers(0, sizes[t], size=(replicates, sizes[t])) for t in tasks}
@@ -168,27 +152,19 @@ def row_replicates(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
     return out
 
 
-def point_scores(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
-                 tasks: Sequence[str]) -> dict[str, list[float]]:
+def point_scores(rows: Rows, tasks: Sequence[str]) -> dict[str, list[float]]:
     """row -> its per-seed suite averages on the full test splits (no resampling)."""
-    return {row: [float(np.mean([scores(s[t], np.arange(len(s[t].targets))[None])[0]
-                                 for t in tasks])) for s in seeds] for row, seeds in rows.items()}
+    return {row: [float(np.mean([_full_score(s[t]) for t in tasks])) for s in seeds]
+            for row, seeds in rows.items()}
 
 
 # ---- Verdicts: one t-based design for every claim, interval and seed count -----------------
 
 
-def jackknife_deviations(pred: TaskPredictions) -> np.ndarray:
-    """[n] each test example's leave-one-out score (0-100) minus the mean of those scores."""
-    return _jackknife(pred)[1]
-
-
-def _jackknife(pred: TaskPredictions) -> tuple[float, np.ndarray]:
-    """The score on the whole test split and `jackknife_deviations`.
-
-    (n-1)/n Σ_i u_a[i] u_b[i] is the jackknife covariance of two cells' scores over the test
-    examples (for accuracy, exactly the sample covariance of the 0/1 vectors over n). Only
-    elementwise arithmetic and `math.fsum`: the same bits on every CPU."""
+def jackknife(pred: TaskPredictions) -> tuple[float, np.ndarray]:
+    """The score (0-100) on the whole test split, and the jackknife deviations u [n] (each
+    example's leave-one-out score minus their mean): (n-1)/n Σ_i u_a[i] u_b[i] is the jackknife
+    covariance of two cells' scores. Elementwise arithmetic and `math.fsum` only."""
     t, o = pred.targets, pred.outputs
     n = len(t)
     if n < 2:
@@ -215,9 +191,8 @@ def _jackknife(pred: TaskPredictions) -> tuple[float, np.ndarray]:
 
 
 def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
-    """The within-row variance of per-seed scores pooled over the rows with >= 2 seeds, and
-    its degrees of freedom (seeds minus rows); (None, 0) without such a row. Plain Python in a
-    fixed order, as `report.rows_differ`."""
+    """The within-row variance of per-seed scores pooled over the rows with >= 2 seeds, and its
+    df (seeds minus rows); (None, 0) without such a row."""
     groups = [[float(x) for x in g] for g in groups if len(g) >= 2]
     df = sum(len(g) for g in groups) - len(groups)
     if df == 0:
@@ -227,63 +202,46 @@ def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float | None, in
 
 @dataclasses.dataclass(frozen=True)
 class TableData:
-    """What every test of one table reads: per row, each seed's score (the mean over `tasks` of
-    the task's score on its full test split) and, per seed and task, the jackknife deviations
-    over the test examples (`jackknife_deviations`, with their sums of squares); the seed
-    variance pooled over the rows, with its degrees of freedom."""
+    """What every test of one table reads: per row, each seed's score (`points`, the mean over
+    `tasks`) and per task its `jackknife` deviations; the pooled seed variance and its df."""
 
     tasks: tuple[str, ...]
     sizes: dict[str, int]
     points: dict[str, list[float]]
     deviations: dict[str, list[dict[str, np.ndarray]]]
-    squares: dict[str, list[dict[str, float]]]
     seed_var: float | None
     seed_df: int
 
 
-def table_data(rows: Mapping[str, Sequence[Mapping[str, TaskPredictions]]],
-               tasks: Sequence[str]) -> TableData:
-    """`rows[row]` = one {task: predictions} per seed; every seed of every row must hold the
-    same test examples per task (same count)."""
+def table_data(rows: Rows, tasks: Sequence[str]) -> TableData:
+    """The `TableData` of `rows` over `tasks`."""
     sizes = _example_counts(rows, tasks)
-    points, deviations, squares = {}, {}, {}
+    points, deviations = {}, {}
     for row, seeds in rows.items():
-        points[row], deviations[row], squares[row] = [], [], []
-        for per_task in seeds:
-            found = {t: _jackknife(per_task[t]) for t in tasks}
-            points[row].append(math.fsum(found[t][0] for t in tasks) / len(tasks))
-            devs = {t: found[t][1] for t in tasks}
-            deviations[row].append(devs)
-            squares[row].append({t: math.fsum((d * d).tolist()) for t, d in devs.items()})
+        found = [{t: jackknife(per_task[t]) for t in tasks} for per_task in seeds]
+        points[row] = [math.fsum(f[t][0] for t in tasks) / len(tasks) for f in found]
+        deviations[row] = [{t: f[t][1] for t in tasks} for f in found]
     seed_var, seed_df = pooled_variance(list(points.values()))
-    return TableData(tuple(tasks), sizes, points, deviations, squares, seed_var, seed_df)
+    return TableData(tuple(tasks), sizes, points, deviations, seed_var, seed_df)
 
 
 @dataclasses.dataclass(frozen=True)
 class Contrast:
-    """Σ_r w_r (mean of row r over its seeds), unpaired across rows. Its variance is the seed
-    part (pooled seed variance × Σ w_r² / seeds_r, `seed_df` degrees of freedom) plus the
-    test-example part: the jackknife covariances over the shared test examples between
-    *different* cells (a cell's own example noise is already in the seed spread; see
-    `_example_var`), floored at 0. `df`: Welch-Satterthwaite over the two parts (None: no
-    seed spread to test with)."""
+    """Σ_r w_r (mean of row r over its seeds): `seed_var` = pooled seed variance × Σ w_r² /
+    seeds_r (None: untestable), `example_var` (`_example_var`), `df` (Welch-Satterthwaite)."""
 
     estimate: float
     seed_var: float | None
     example_var: float
-    seed_df: int
     df: float | None
 
     @property
     def se(self) -> float | None:
         """The standard error, or None when untestable."""
-        if self.seed_var is None:
-            return None
-        return math.sqrt(self.seed_var + self.example_var)
+        return None if self.seed_var is None else math.sqrt(self.seed_var + self.example_var)
 
 
-def _satterthwaite(seed_var: float, seed_df: float, example_var: float,
-                   example_df: float) -> float:
+def _satterthwaite(seed_var: float, seed_df: float, example_var: float, example_df: float) -> float:
     total = seed_var + example_var
     if total == 0.0:
         return float(seed_df)
@@ -291,24 +249,21 @@ def _satterthwaite(seed_var: float, seed_df: float, example_var: float,
 
 
 def _example_var(data: TableData, weights: Mapping[str, float]) -> float:
-    """The test-example part of a contrast's variance (see `Contrast`): the jackknife
-    covariances between different rows as they are; within a row, the covariance between its
-    different seeds stands for every pair of its seeds, its own too (a cell's covariance with
-    itself also holds the example noise of that one fine-tune, which the seed spread carries);
-    a one-seed row adds only its covariances with the other rows."""
+    """The test-example part of a contrast's variance, floored at 0: jackknife covariances
+    between rows; within a row the mean covariance between different seeds stands for every
+    pair, a cell with itself too (its own example noise is in the seed spread already)."""
     parts = []
     for t in data.tasks:
         n = data.sizes[t]
         combined, cross = np.zeros(n, np.float64), []
         for row, weight in weights.items():
-            c = weight / len(data.points[row]) / len(data.tasks)
             seeds = len(data.points[row])
-            within = np.zeros(n, np.float64)
-            for devs in data.deviations[row]:
-                within = within + c * devs[t]
+            c = weight / seeds / len(data.tasks)
+            within = sum((c * d[t] for d in data.deviations[row]), np.zeros(n, np.float64))
             combined = combined + within
             squares = math.fsum((within * within).tolist())
-            own = math.fsum(c * c * sq[t] for sq in data.squares[row])
+            own = math.fsum(c * c * math.fsum((d[t] * d[t]).tolist())
+                            for d in data.deviations[row])
             cross += [-squares, (squares - own) * seeds / (seeds - 1) if seeds > 1 else 0.0]
         cross.append(math.fsum((combined * combined).tolist()))
         parts.append((n - 1) / n * math.fsum(cross))
@@ -321,24 +276,15 @@ def contrast(data: TableData, weights: Mapping[str, float]) -> Contrast:
                          for r, w in weights.items())
     example_var = _example_var(data, weights)
     if data.seed_var is None:
-        return Contrast(estimate, None, example_var, 0, None)
+        return Contrast(estimate, None, example_var, None)
     seed_var = data.seed_var * math.fsum(w * w / len(data.points[r]) for r, w in weights.items())
-    example_df = min(data.sizes.values()) - 1
-    return Contrast(estimate, seed_var, example_var, data.seed_df,
-                    _satterthwaite(seed_var, data.seed_df, example_var, example_df))
+    return Contrast(estimate, seed_var, example_var, _satterthwaite(
+        seed_var, data.seed_df, example_var, min(data.sizes.values()) - 1))
 
 
 def _t_sf(x: float, df: float) -> float:
     """P(T > x), T Student-t with `df` degrees of freedom (scipy.special: no BLAS)."""
-    from scipy import special
-
     return float(special.stdtr(df, -x))
-
-
-def _t_quantile(q: float, df: float) -> float:
-    from scipy import special
-
-    return float(special.stdtrit(df, q))
 
 
 def _significant(x: float | None, digits: int = 10) -> float | None:
@@ -347,12 +293,12 @@ def _significant(x: float | None, digits: int = 10) -> float | None:
     return None if x is None else float(f"{x:.{digits}g}")
 
 
-def interval(c: Contrast, confidence: float) -> tuple[float, float] | None:
-    """The two-sided t interval of a contrast at `confidence` (None when untestable)."""
+def interval(c: Contrast, confidence: float) -> list[float] | None:
+    """The two-sided t interval of a contrast at `confidence` (`_significant`), or None."""
     if c.se is None or c.df is None:
         return None
-    half = _t_quantile(1.0 - (1.0 - confidence) / 2.0, c.df) * c.se
-    return c.estimate - half, c.estimate + half
+    half = float(special.stdtrit(c.df, 1.0 - (1.0 - confidence) / 2.0)) * c.se
+    return [_significant(c.estimate - half), _significant(c.estimate + half)]
 
 
 def claim_weights(claim: Claim) -> dict[str, float]:
@@ -363,12 +309,10 @@ def claim_weights(claim: Claim) -> dict[str, float]:
 
 
 def claim_p_value(claim: Claim, c: Contrast) -> tuple[float | None, str]:
-    """The p-value of the verdict the data point to, and that verdict. A '>' claim: two-sided
-    test of a zero difference ('reproduced' above 0, 'contradicted' below). An '≈' claim with
-    margin m: 'reproduced' by two one-sided tests against ±m (TOST, each at half the level, as
-    a two-sided interval inside ±m), 'contradicted' by a one-sided test beyond the nearer of ±m
-    (an interval outside ±m); p is twice the deciding one-sided p, so p < γ exactly when the
-    (1 - γ) interval settles it (`verdict`). None when untestable."""
+    """The p-value (None when untestable) of the verdict the data point to, and it. '>': two-sided
+    test of a zero difference. '≈' with margin m: 'reproduced' by two one-sided tests against
+    ±m (TOST), 'contradicted' by a one-sided test beyond the nearer of ±m; p is twice the
+    deciding one-sided p, so p < γ exactly when the (1 - γ) interval settles it (`verdict`)."""
     se = c.se
     if se is None or c.df is None or se == 0.0:
         return None, "unresolved"
@@ -387,8 +331,8 @@ def claim_p_value(claim: Claim, c: Contrast) -> tuple[float | None, str]:
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (reject where adjusted < α: family-wise error rate α
-    under any dependence between the tests)."""
+    """Holm's step-down adjusted p-values: rejecting where adjusted < α holds a family-wise
+    error rate α under any dependence."""
     m = len(p_values)
     order = sorted(range(m), key=lambda i: (p_values[i], i))
     adjusted, running = [1.0] * m, 0.0
@@ -400,43 +344,36 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def verdict(claim: Claim, lo: float, hi: float) -> str:
     """'reproduced' | 'contradicted' | 'unresolved' from an interval of the difference."""
+    m = claim.margin
     if claim.relation == ">":
-        if lo > 0:
-            return "reproduced"
-        return "contradicted" if hi < 0 else "unresolved"
-    if claim.relation == "≈":
-        if -claim.margin <= lo and hi <= claim.margin:
-            return "reproduced"
-        return "contradicted" if lo > claim.margin or hi < -claim.margin else "unresolved"
-    raise ValueError(f"claim relation must be '>' or '≈', got {claim.relation!r}")
+        reproduced, contradicted = lo > 0, hi < 0
+    elif claim.relation == "≈":
+        reproduced, contradicted = -m <= lo and hi <= m, lo > m or hi < -m
+    else:
+        raise ValueError(f"claim relation must be '>' or '≈', got {claim.relation!r}")
+    return "reproduced" if reproduced else "contradicted" if contradicted else "unresolved"
 
 
 def power(gap: float, seed_var: float, weight_squares: float, example_var: float, rows: int,
           seeds: int, alpha: float, example_df: float = math.inf) -> float:
-    """The chance that a two-sided t-test at level `alpha` settles a contrast whose true size
-    is `gap` past its boundary, with `seeds` seeds in each of the table's `rows` rows (seed
-    df = rows × (seeds - 1)): noncentral t, the far tail ignored. `seed_var` is one seed's
-    variance, `weight_squares` = Σ w_r² over the contrast's rows."""
-    from scipy import special
-
+    """The chance (noncentral t, far tail ignored) that a two-sided t-test at `alpha` settles a
+    contrast `gap` past its boundary with `seeds` seeds in each of `rows` rows; `seed_var`: one
+    seed's variance, `weight_squares`: Σ w_r²."""
     seed_part = seed_var * weight_squares / seeds
     df = _satterthwaite(seed_part, rows * (seeds - 1), example_var, example_df)
     se = math.sqrt(seed_part + example_var)
-    return 1.0 - float(special.nctdtr(df, gap / se, _t_quantile(1.0 - alpha / 2.0, df)))
+    critical = float(special.stdtrit(df, 1.0 - alpha / 2.0))
+    return 1.0 - float(special.nctdtr(df, gap / se, critical))
 
 
 def seeds_for_power(gap: float, seed_var: float, weight_squares: float, example_var: float,
                     rows: int, alpha: float, target: float = POWER,
                     example_df: float = math.inf, limit: int = 100_000) -> int | None:
     """The fewest seeds per row (>= 2) for `power` >= `target`; None when the gap is 0 or no
-    number of seeds reaches it (the test-example part alone is too wide: with infinitely many
-    seeds the power tends to Φ(gap / sqrt(example_var) - z_{1-α/2}))."""
-    from scipy import special
-
-    if gap <= 0.0 or seed_var <= 0.0:
-        return None
-    if example_var > 0.0 and float(special.ndtr(gap / math.sqrt(example_var) - float(
-            special.ndtri(1.0 - alpha / 2.0)))) < target:
+    number does (with infinitely many seeds the power tends to Φ(gap / sqrt(example_var) - z))."""
+    z = float(special.ndtri(1.0 - alpha / 2.0))
+    ceiling = float(special.ndtr(gap / math.sqrt(example_var) - z)) if example_var > 0.0 else 1.0
+    if gap <= 0.0 or seed_var <= 0.0 or ceiling < target:
         return None
     reached = lambda n: power(gap, seed_var, weight_squares, example_var, rows, n, alpha,
                               example_df) >= target
@@ -452,10 +389,9 @@ def seeds_for_power(gap: float, seed_var: float, weight_squares: float, example_
 
 
 def seeds_needed(differences: Sequence[float], margin: float = 0.0) -> int | None:
-    """Seeds for 80% power (`POWER`) to settle a claim at two-sided α = 0.05 from per-seed
-    paired differences (a one-sample t-test, noncentral t), taking their mean and std as
-    true; a '≈' claim's gap is the distance from |mean| to `margin`. None without spread or
-    with the mean on the boundary."""
+    """Seeds for `POWER` to settle a claim at two-sided α = 0.05 by a one-sample t-test on
+    per-seed paired differences, their mean and std taken as true ('≈': the gap is |mean| to
+    `margin`). None without spread or with the mean on the boundary."""
     d = [float(x) for x in differences]
     if len(d) < 2 or not all(math.isfinite(x) for x in d):
         return None
@@ -465,10 +401,8 @@ def seeds_needed(differences: Sequence[float], margin: float = 0.0) -> int | Non
 
 
 def _plan(claim: Claim, c: Contrast, data: TableData, alpha: float) -> dict[str, Any]:
-    """Seeds per row for 80% power at `alpha`, at the pooled seed variance and at both ends
-    of its 95% interval (chi-square), the observed difference taken as the truth."""
-    from scipy import special
-
+    """Seeds per row for 80% power at `alpha` (the observed difference taken as true), at the
+    pooled seed variance and at both ends of its 95% chi-square interval."""
     gap = abs(c.estimate) if claim.relation == ">" else abs(abs(c.estimate) - claim.margin)
     squares = math.fsum(w * w for w in claim_weights(claim).values())
     rows, example_df = len(data.points), min(data.sizes.values()) - 1
@@ -494,9 +428,8 @@ def _claim_result(claim: Claim, c: Contrast, p: float | None, adjusted: float | 
     if p is None:
         return result
     level = alpha * p / adjusted if adjusted > 0.0 else alpha / family
-    result["ci"] = [_significant(x) for x in interval(c, 1.0 - level)]
-    result["ci_confidence"] = _significant(1.0 - level)
-    result["ci95"] = [_significant(x) for x in interval(c, CONFIDENCE)]
+    result.update(ci=interval(c, 1.0 - level), ci_confidence=_significant(1.0 - level),
+                  ci95=interval(c, CONFIDENCE))
     if adjusted < alpha:
         result["verdict"] = settles
     elif plan:
@@ -506,86 +439,57 @@ def _claim_result(claim: Claim, c: Contrast, p: float | None, adjusted: float | 
 
 def evaluate_claims(claims: Sequence[Claim], data: TableData, alpha: float = FAMILY_ALPHA,
                     plan: bool = True) -> list[dict[str, Any]]:
-    """The claims of one table whose rows all have results, each a `contrast` of its rows
-    with a t-test (`claim_p_value`), Holm over the table's testable claims so that the chance
-    of any false verdict in the table is at most `alpha`. Per claim: the difference, its
-    standard error and df, p and Holm's adjusted p, the verdict, `ci` at Holm's level for the
-    claim (confidence 1 - α·p/p_holm, between 1 - α/m and 1 - α/(m - rank + 1): it clears the
-    claim's boundary exactly when the verdict is settled), the unadjusted `ci95`, and for an
-    unresolved claim the seeds per row for 80% power at α/m (`_plan`; `plan` false skips it)."""
-    tested = []
-    for claim in claims:
-        if any(r not in data.points for r in (*claim.better, *claim.worse)):
-            continue
-        c = contrast(data, claim_weights(claim))
-        tested.append((claim, c, *claim_p_value(claim, c)))
+    """The claims of one table whose rows all have results: each a `contrast` with a t-test
+    (`claim_p_value`), Holm over the testable ones at `alpha`. Per claim also `ci` at Holm's
+    level (confidence 1 - α·p/p_holm: it clears the boundary exactly when the verdict is
+    settled), `ci95`, and if unresolved the seeds for 80% power at α/m (`_plan`, if `plan`)."""
+    contrasts = [(claim, contrast(data, claim_weights(claim))) for claim in claims
+                 if all(r in data.points for r in (*claim.better, *claim.worse))]
+    tested = [(claim, c, *claim_p_value(claim, c)) for claim, c in contrasts]
     family = [p for _, _, p, _ in tested if p is not None]
     adjusted = iter(holm(family))
     return [_claim_result(claim, c, p, None if p is None else next(adjusted), settles, data,
                           alpha, len(family), plan) for claim, c, p, settles in tested]
 
 
-def row_interval(data: TableData, row: str, confidence: float = CONFIDENCE
-                 ) -> tuple[float, float] | None:
+def row_interval(data: TableData, row: str, confidence: float = CONFIDENCE) -> list[float] | None:
     """A row's mean score with a t interval (the same design as the claims), or None."""
-    found = interval(contrast(data, {row: 1.0}), confidence)
-    return None if found is None else (_significant(found[0]), _significant(found[1]))
+    return interval(contrast(data, {row: 1.0}), confidence)
 
 
 # ---- Kendall τ: the test, exact ---------------------------------------------------------------
 
 
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
-
-
-def _concordance(x: Sequence[float], y: Sequence[float]) -> int:
-    """Σ_{i<j} sign(x_j - x_i) sign(y_j - y_i): Kendall's S, an integer."""
-    k = len(x)
-    return sum(_sign(x[j] - x[i]) * _sign(y[j] - y[i]) for i in range(k) for j in range(i + 1, k))
-
-
-def _inversion_counts(k: int) -> list[int]:
-    """How many permutations of k items have 0, 1, ... k(k-1)/2 inversions (Mahonian
-    numbers, exact integers)."""
-    counts = [1]
-    for size in range(2, k + 1):
-        wider = [0] * (len(counts) + size - 1)
-        for inversions, count in enumerate(counts):
-            for extra in range(size):
-                wider[inversions + extra] += count
-        counts = wider
-    return counts
-
-
 def kendall_permutation_p(x: Sequence[float], y: Sequence[float],
                           max_enumerated: int = MAX_ENUMERATED_ROWS) -> float | None:
-    """Two-sided exact permutation p-value of Kendall's τ-b between `x` and `y`: the share of
-    the k! orders of `y` whose |S| is at least the observed |S| (τ-b's denominator does not
-    change under them). Without ties S = k(k-1)/2 - 2 × inversions, counted exactly for any k;
-    with ties every order is enumerated (k <= `max_enumerated`, else None). None below 2
-    rows or with a constant list."""
-    x, y = [float(v) for v in x], [float(v) for v in y]
+    """Two-sided exact permutation p-value of Kendall's τ-b: the share of the k! orders of `y`
+    whose |S| (S = Σ_{i<j} sign(x_j - x_i) sign(y_j - y_i)) reaches the observed one. Without
+    ties S = k(k-1)/2 - 2 × inversions, counted exactly (Mahonian numbers); with ties every
+    order is enumerated (k <= `max_enumerated`, else None). None below 2 rows or if constant."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     k = len(x)
     if k != len(y):
         raise ValueError(f"kendall: {k} vs {len(y)} scores")
     if k < 2 or len(set(x)) == 1 or len(set(y)) == 1:
         return None
-    observed = abs(_concordance(x, y))
+    i, j = np.triu_indices(k, k=1)
+    sign_x = np.sign(x[j] - x[i]).astype(np.int64)
+    observed = abs(int((sign_x * np.sign(y[j] - y[i]).astype(np.int64)).sum()))
     if len(set(x)) == k and len(set(y)) == k:
-        pairs = k * (k - 1) // 2
-        hits = sum(c for inv, c in enumerate(_inversion_counts(k)) if abs(pairs - 2 * inv)
-                   >= observed)
+        counts = [1]  # permutations of `size` items with 0, 1, ... inversions
+        for size in range(2, k + 1):
+            counts = [sum(counts[max(0, n - size + 1):n + 1])
+                      for n in range(len(counts) + size - 1)]
+        hits = sum(c for inv, c in enumerate(counts) if abs(len(i) - 2 * inv) >= observed)
         return hits / math.factorial(k)
     if k > max_enumerated:
         return None
     order = np.fromiter(itertools.chain.from_iterable(itertools.permutations(range(k))),
                         np.int8, count=math.factorial(k) * k).reshape(-1, k)
-    ranks_y = np.array([sorted(set(y)).index(v) for v in y], np.int16)[order]  # [k!, k]
+    ranks_y = np.unique(y, return_inverse=True)[1].astype(np.int16)[order]  # [k!, k]
     s = np.zeros(len(order), np.int64)
-    for i in range(k):
-        for j in range(i + 1, k):
-            s += _sign(x[j] - x[i]) * np.sign(ranks_y[:, j] - ranks_y[:, i])
+    for a, b, sign in zip(i, j, sign_x.tolist(), strict=True):
+        s += sign * np.sign(ranks_y[:, b] - ranks_y[:, a])
     return int((np.abs(s) >= observed).sum()) / math.factorial(k)
 
 
@@ -594,24 +498,20 @@ def kendall_permutation_p(x: Sequence[float], y: Sequence[float],
 
 def pairwise(groups: Mapping[str, Sequence[float]],
              alpha: float = FAMILY_ALPHA) -> dict[str, Any] | None:
-    """Every pair of rows by a t-test on their per-seed scores with the pooled seed variance
-    (the ANOVA's within-row mean square, its df), Holm over the k(k-1)/2 pairs: the pairs with
-    `differ` true are the ones the family-wise error rate `alpha` lets us call different.
-    Rows in `groups` order; None without a pooled variance or with < 2 rows."""
+    """Every pair of rows (in `groups` order) by a t-test with the pooled seed variance, Holm
+    over the pairs (`differ` at `alpha`). None without a pooled variance or with < 2 rows."""
     rows = {r: [float(x) for x in g] for r, g in groups.items() if g}
     var, df = pooled_variance(list(rows.values()))
     if var is None or len(rows) < 2 or var == 0.0:
         return None
     means = {r: sum(g) / len(g) for r, g in rows.items()}
-    names = list(rows)
     pairs = []
-    for a, first in enumerate(names):
-        for second in names[a + 1:]:
-            diff = means[first] - means[second]
-            se = math.sqrt(var * (1.0 / len(rows[first]) + 1.0 / len(rows[second])))
-            hi, lo = (first, second) if diff >= 0 else (second, first)
-            pairs.append({"better": hi, "worse": lo, "difference": abs(diff),
-                          "p": min(1.0, 2.0 * _t_sf(abs(diff) / se, df))})
+    for first, second in itertools.combinations(rows, 2):
+        diff = means[first] - means[second]
+        se = math.sqrt(var * (1.0 / len(rows[first]) + 1.0 / len(rows[second])))
+        hi, lo = (first, second) if diff >= 0 else (second, first)
+        pairs.append({"better": hi, "worse": lo, "difference": abs(diff),
+                      "p": min(1.0, 2.0 * _t_sf(abs(diff) / se, df))})
     for pair, adjusted in zip(pairs, holm([p["p"] for p in pairs]), strict=True):
         pair.update(p=_significant(pair["p"]), p_holm=_significant(adjusted),
                     differ=adjusted < alpha)
@@ -620,19 +520,17 @@ def pairwise(groups: Mapping[str, Sequence[float]],
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> tuple[list[float], int]:
-    """Least squares via the normal equations `matrix` β = `vector` (symmetric, small) by
-    Gauss-Jordan elimination with pivoting in plain Python; columns without a usable pivot are
-    dropped (β 0). Returns β and the rank."""
+    """(β, rank) solving the normal equations `matrix` β = `vector` by Gauss-Jordan with
+    pivoting in plain Python; columns without a usable pivot are dropped (β 0)."""
     size = len(vector)
     a = [list(row) + [v] for row, v in zip(matrix, vector, strict=True)]
     scale = max([abs(a[i][i]) for i in range(size)] + [0.0])
-    used, where = [], {}
+    where = {}  # column -> its pivot row
     for col in range(size):
-        pivot = max((r for r in range(size) if r not in used), key=lambda r: abs(a[r][col]),
-                    default=None)
+        pivot = max((r for r in range(size) if r not in where.values()),
+                    key=lambda r: abs(a[r][col]), default=None)
         if pivot is None or abs(a[pivot][col]) <= 1e-12 * scale:
             continue
-        used.append(pivot)
         where[col] = pivot
         for r in range(size):
             if r != pivot and a[r][col] != 0.0:
@@ -643,11 +541,9 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> tuple[list[float],
 
 
 def host_factor(cells: Sequence[tuple[str, str, float]]) -> dict[str, Any] | None:
-    """Host as a factor beside the rows: `cells` = (row, host, score) per seed. An additive
-    model score = row + host, tested against rows alone with an F-test on the host terms after
-    the rows (within-row demeaned host indicators; Frisch-Waugh). A host that never shares a
-    row with another cannot be told apart from its rows: with no row spanning two hosts the
-    host is confounded and untested (`testable` false). None with one host."""
+    """Host as a factor beside the rows, from (row, host, score) per seed: score = row + host
+    against rows alone, an F-test on the within-row demeaned host indicators (Frisch-Waugh);
+    untested (`testable` false) when no row spans two hosts. None with one host."""
     hosts = sorted({h for _, h, _ in cells})
     if len(hosts) < 2:
         return None
@@ -674,8 +570,6 @@ def host_factor(cells: Sequence[tuple[str, str, float]]) -> dict[str, Any] | Non
         "effects": {name: _significant(b) for name, b in zip(hosts[1:], beta, strict=True)}}
     explained = sum(b * m for b, m in zip(beta, moment, strict=True))
     if rank > 0 and df_resid > 0 and within - explained > 0.0:
-        from scipy import special
-
         f = (explained / rank) / ((within - explained) / df_resid)
         result.update(f=_significant(f), p=_significant(float(special.fdtrc(rank, df_resid, f))))
     return result

@@ -21,6 +21,7 @@ saved afresh when training reaches it again).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import logging
@@ -232,10 +233,8 @@ def compare_trees(expected: Any, found: Any, *, what: str, limit: int = 20) -> N
     if problems:
         shown = problems[:limit] + ([f"  ... and {len(problems) - limit} more"]
                                     if len(problems) > limit else [])
-        raise CheckpointMismatchError(
-            f"{what} does not match the model config ({len(problems)} mismatching "
-            "parameters):\n" + "\n".join(shown)
-        )
+        raise CheckpointMismatchError(f"{what} does not match the model config ({len(problems)} "
+                                      "mismatching parameters):\n" + "\n".join(shown))
 
 
 def _stored_tree(state: Any) -> Any:
@@ -252,19 +251,14 @@ def _metadata_tree(meta: Any) -> Any:
 class Checkpointer:
     """Wraps an orbax CheckpointManager for the train state plus data-iterator state."""
 
-    def __init__(
-        self,
-        model_dir: str,
-        *,
-        save_interval_steps: int,
-        keep: int | None,
-        async_save: bool = True,
-    ) -> None:
+    def __init__(self, model_dir: str, *, save_interval_steps: int, keep: int | None,
+                 async_save: bool = True) -> None:
         self.model_dir = os.path.abspath(model_dir)
         self.directory = os.path.join(self.model_dir, CHECKPOINT_SUBDIR)
         self.data_dir = os.path.join(self.model_dir, DATA_STATE_SUBDIR)
         self.save_interval_steps = max(int(save_interval_steps), 1)
-        self._last_saved: int | None = None
+        #: The step of the last save this process started (complete or still in flight).
+        self.last_saved: int | None = None
         self._pending: int | None = None  # a started save not yet confirmed complete
         self._reported = False  # a failed save was raised as CheckpointSaveError
         self._held = _HoldOrbaxErrors()
@@ -273,26 +267,12 @@ class Checkpointer:
         # goes on, before the failure can be reported (as CheckpointSaveError, in one line).
         _silence_abandoned_reads()
         options = ocp.CheckpointManagerOptions(
-            save_interval_steps=1,
-            max_to_keep=keep,
-            create=True,
-            cleanup_tmp_directories=True,
-            enable_async_checkpointing=async_save,
-        )
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "data": ocp.JsonCheckpointHandler(),
-            },
-        )
+            save_interval_steps=1, max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save)
+        handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_handlers=handlers)
         self.prune_data_states(startup=True)
-
-    @property
-    def last_saved(self) -> int | None:
-        """The step of the last save this process started (complete or still in flight)."""
-        return self._last_saved
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step (half-written ones are never reported)."""
@@ -306,9 +286,8 @@ class Checkpointer:
         """Whether ``step`` is a multiple of the save interval."""
         return step > 0 and step % self.save_interval_steps == 0
 
-    def save(
-        self, step: int, state: Any, data_state: Mapping[str, Any], *, force: bool = False
-    ) -> bool:
+    def save(self, step: int, state: Any, data_state: Mapping[str, Any], *,
+             force: bool = False) -> bool:
         """Start an (async) save of ``state`` and the JSON ``data_state``; returns if started.
 
         Raises CheckpointSaveError when the disk cannot hold the step (checked first, before
@@ -317,11 +296,11 @@ class Checkpointer:
         """
         if not force and not self.should_save(step):
             return False
-        if step == self._last_saved or step in self.manager.all_steps():
+        if step == self.last_saved or step in self.manager.all_steps():
             return False
         self.wait()  # the previous save is confirmed (or raises) before this one starts
         self.check_space(step, state)
-        self._last_saved = self._pending = step
+        self.last_saved = self._pending = step
         try:
             return bool(self.manager.save(
                 step,
@@ -338,8 +317,8 @@ class Checkpointer:
         if "://" in self.directory:
             return
         needed = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
-        if self._last_saved is not None and not os.path.isdir(self.data_state_path(step)):
-            needed += _tree_bytes(self.data_state_path(self._last_saved))  # its tf.data state
+        if self.last_saved is not None and not os.path.isdir(self.data_state_path(step)):
+            needed += _tree_bytes(self.data_state_path(self.last_saved))  # its tf.data state
         os.makedirs(self.directory, exist_ok=True)
         free = shutil.disk_usage(self.directory).free
         if free < needed:
@@ -348,19 +327,15 @@ class Checkpointer:
                 f"{free / 1e6:.1f} MB are free")
 
     def poll(self) -> int | None:
-        """The step of a save that has just been confirmed complete, else None (never waits).
-
-        Raises CheckpointSaveError when it failed.
-        """
+        """The step of a save just confirmed complete, else None (never waits); raises
+        CheckpointSaveError when it failed."""
         if self._pending is None or self.manager.is_saving_in_progress():
             return None
         return self.wait()
 
     def wait(self) -> int | None:
         """Block until the pending save is complete; returns its step (None if none was).
-
-        Raises CheckpointSaveError, with the cause in one line, if it failed.
-        """
+        Raises CheckpointSaveError, with the cause in one line, if it failed."""
         step = self._pending
         try:
             self.manager.wait_until_finished()
@@ -420,14 +395,10 @@ class Checkpointer:
                 continue
             if not startup and (pending or (name.isdigit() and int(name) > latest_complete)):
                 continue  # may belong to a save still running / about to start
-            shutil.rmtree(
-                os.path.join(self.data_dir, name, f"process_{jax.process_index()}"),
-                ignore_errors=True,
-            )
-            try:
+            shutil.rmtree(os.path.join(self.data_dir, name, f"process_{jax.process_index()}"),
+                          ignore_errors=True)
+            with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(self.data_dir, name))
-            except OSError:
-                pass
 
     def state_metadata(self, step: int) -> Any:
         """The saved train state's tree of array metadata (shapes, dtypes)."""
@@ -450,12 +421,9 @@ class Checkpointer:
         """
         target = _stored_tree(abstract_state)
         saved = self.state_metadata(step)
-        compare_trees(
-            target.get("params"), saved.get("params"), what=f"checkpoint {self.directory}/{step}",
-        )
-        compare_trees(
-            target, saved, what=f"checkpoint {self.directory}/{step} (optimizer state)"
-        )
+        what = f"checkpoint {self.directory}/{step}"
+        compare_trees(target.get("params"), saved.get("params"), what=what)
+        compare_trees(target, saved, what=f"{what} (optimizer state)")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
         restored = _quiet_restore(lambda: self.manager.restore(step, args=args),
@@ -559,10 +527,8 @@ def load_params(path: str, abstract_params: Any) -> Any:
     if os.path.isfile(path):
         tree = _load_file_params(path)
         compare_trees(abstract_params, tree, what=f"parameters in {path}")
-        return jax.tree.map(
-            lambda a, x: jax.device_put(np.asarray(x, dtype=a.dtype), a.sharding),
-            abstract_params, tree,
-        )
+        return jax.tree.map(lambda a, x: jax.device_put(np.asarray(x, dtype=a.dtype), a.sharding),
+                            abstract_params, tree)
     state_dir = find_state_dir(path)
     checkpointer = ocp.PyTreeCheckpointer()
     _add_filter_once("absl", _DropItemMetadataWarning)

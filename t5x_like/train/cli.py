@@ -35,19 +35,14 @@ def main(argv: Sequence[str]) -> int:
     """Entry point; returns the process exit status."""
     try:
         rest, gin_flags = split_gin_flags(argv)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    args = build_parser().parse_args(rest)
-    if args.tfds_data_dir:
-        # Read by t5x_like.data.corpus.get_source when a c4_* task is first read.
-        os.environ["TFDS_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.tfds_data_dir))
-    from t5x_like.train import distributed
+        args = build_parser().parse_args(rest)
+        if args.tfds_data_dir:
+            # Read by t5x_like.data.corpus.get_source when a c4_* task is first read.
+            os.environ["TFDS_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.tfds_data_dir))
+        from t5x_like.train import distributed
 
-    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    bindings = [*args.gin_bindings, *gin_flags]
-    try:
-        parse_gin(args.gin_file, bindings, args.gin_search_paths)
+        distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+        parse_gin(args.gin_file, [*args.gin_bindings, *gin_flags], args.gin_search_paths)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -55,11 +50,7 @@ def main(argv: Sequence[str]) -> int:
 
     kwargs = {} if args.model_dir is None else {"model_dir": args.model_dir}
     from t5x_like.data.vocab import VocabularyError
-    from t5x_like.train.checkpoints import (
-        CheckpointMismatchError,
-        CheckpointSaveError,
-        CheckpointUnreadableError,
-    )
+    from t5x_like.train import checkpoints
     from t5x_like.train.model_dir_lock import ModelDirBusyError
 
     missing = trainer.missing_bindings(kwargs)
@@ -69,14 +60,14 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         last = trainer.train(**kwargs)
-    except CheckpointMismatchError as err:
+    except checkpoints.CheckpointMismatchError as err:
         print(f"error: {error_message(err)}", file=sys.stderr)
         return 4
-    except (CheckpointUnreadableError, FileNotFoundError, trainer.InvalidRunError,
+    except (checkpoints.CheckpointUnreadableError, FileNotFoundError, trainer.InvalidRunError,
             VocabularyError, ModelDirBusyError) as err:
         print(f"error: {error_message(err)}", file=sys.stderr)
         return 2
-    except CheckpointSaveError as err:
+    except checkpoints.CheckpointSaveError as err:
         print(f"error: {error_message(err)}; the run stopped. Free space (or fix the permissions) "
               "and run the same command again: it resumes from the last saved checkpoint",
               file=sys.stderr)

@@ -23,12 +23,6 @@ from t5x_like.train.checkpoints import WRITE_FAILURES, write_failure
 log = logging.getLogger(__name__)
 
 
-def _get_dataset(**kwargs: Any) -> Any:
-    from t5x_like.data import get_dataset
-
-    return get_dataset(**kwargs)
-
-
 class InputPipeline:
     """An endless, resumable iterator of global batches for one task/split."""
 
@@ -54,13 +48,13 @@ class InputPipeline:
         self.global_batch_size = global_batch_size
         self.sharding = sharding
         self.checkpoint_iterator = checkpoint_iterator
-        self._kwargs = dict(
+        from t5x_like.data import get_dataset
+
+        self.dataset = get_dataset(
             task=task, split=split, sequence_length=dict(sequence_length),
             batch_size=self.local_batch_size, model_family=model_family, vocabulary=vocabulary,
             pack=pack, shuffle=shuffle, seed=seed, num_epochs=None,
-            shard_id=jax.process_index(), num_shards=nproc,
-        )
-        self.dataset = _get_dataset(**self._kwargs)
+            shard_id=jax.process_index(), num_shards=nproc)
         self.batches_consumed = 0
         self._iterator = iter(self.dataset)
         self._tf_ckpt: Any = None

@@ -75,17 +75,15 @@ def describe(hint: Any) -> str:
 
 
 def _hints(fn: Any) -> dict[str, Any]:
-    target = fn.__init__ if inspect.isclass(fn) else fn
-    try:
-        hints = typing.get_type_hints(inspect.unwrap(target))
-    except Exception:  # noqa: BLE001 - an annotation that cannot be evaluated: skip the function
-        return {}
-    if inspect.isclass(fn) and not hints:
+    """``fn``'s annotations; a class's ``__init__``'s, else its (dataclass) fields'."""
+    for target in (fn.__init__, fn) if inspect.isclass(fn) else (fn,):
         try:
-            hints = typing.get_type_hints(fn)  # dataclass fields
-        except Exception:  # noqa: BLE001
+            hints = typing.get_type_hints(inspect.unwrap(target))
+        except Exception:  # noqa: BLE001 - an annotation that cannot be evaluated: skip `fn`
             return {}
-    return hints
+        if hints:
+            return hints
+    return {}
 
 
 def type_errors(name: str, fn: Any, values: Mapping[str, Any]) -> list[str]:

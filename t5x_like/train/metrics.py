@@ -55,17 +55,15 @@ def throughput(
     metrics one step late. Keys: steps/examples/tokens/model-FLOPs per second and ``mfu``.
     """
     rate = steps / seconds if steps and seconds > 0 else float("nan")
-    if not math.isfinite(rate):
-        return dict.fromkeys(("steps_per_second", "examples_per_second", "tokens_per_second",
-                              "model_flops_per_second", "mfu"))
     flops_s = flops_per_step * rate
-    return {
+    rates = {
         "steps_per_second": rate,
         "examples_per_second": rate * batch_size,
         "tokens_per_second": rate * batch_size * tokens_per_seq,
         "model_flops_per_second": flops_s,
         "mfu": mfu(flops_s, devices, device_kind),
     }
+    return rates if math.isfinite(rate) else dict.fromkeys(rates)
 
 
 def _fmt(value: float) -> str:

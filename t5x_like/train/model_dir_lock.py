@@ -15,6 +15,7 @@ while a second still holds the old one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -88,10 +89,8 @@ class ModelDirLock:
         """Drop the lock (the file stays, see the module docstring)."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
-        except OSError:
-            pass
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None

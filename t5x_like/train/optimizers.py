@@ -51,15 +51,10 @@ def warmup_linear_schedule(
     end_learning_rate: float = 0.0,
 ) -> Schedule:
     """Linear warm-up from 0 to ``peak``, then linear decay to ``end`` at ``total_steps``."""
-    return optax.join_schedules(
-        [
-            optax.linear_schedule(0.0, peak_learning_rate, max(warmup_steps, 1)),
-            optax.linear_schedule(
-                peak_learning_rate, end_learning_rate, max(total_steps - warmup_steps, 1)
-            ),
-        ],
-        [warmup_steps],
-    )
+    warmup = optax.linear_schedule(0.0, peak_learning_rate, max(warmup_steps, 1))
+    decay = optax.linear_schedule(peak_learning_rate, end_learning_rate,
+                                  max(total_steps - warmup_steps, 1))
+    return optax.join_schedules([warmup, decay], [warmup_steps])
 
 
 @gin.configurable
@@ -80,14 +75,9 @@ def adafactor(
 ) -> optax.GradientTransformation:
     """Adafactor as in T5 (no momentum, factored second moments, update clipping)."""
     return optax.adafactor(
-        learning_rate=schedule,
-        min_dim_size_to_factor=min_dim_size_to_factor,
-        decay_rate=decay_rate,
-        multiply_by_parameter_scale=multiply_by_parameter_scale,
-        clipping_threshold=clipping_threshold,
-        momentum=momentum,
-        factored=factored,
-    )
+        learning_rate=schedule, min_dim_size_to_factor=min_dim_size_to_factor,
+        decay_rate=decay_rate, multiply_by_parameter_scale=multiply_by_parameter_scale,
+        clipping_threshold=clipping_threshold, momentum=momentum, factored=factored)
 
 
 @gin.configurable
@@ -99,15 +89,9 @@ def adamw(
     weight_decay: float = 0.1,
 ) -> optax.GradientTransformation:
     """AdamW; weight decay only on matrices (not layer-norm scales or other vectors)."""
-    return optax.adamw(
-        learning_rate=schedule,
-        b1=b1,
-        b2=b2,
-        eps=eps,
-        weight_decay=weight_decay,
-        mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params),
-        mu_dtype=jnp.float32,
-    )
+    return optax.adamw(learning_rate=schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                       mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params),
+                       mu_dtype=jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +103,7 @@ class Optimizer:
 
 
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
-    "adafactor": adafactor,
-    "adamw": adamw,
-}
+    "adafactor": adafactor, "adamw": adamw}
 
 
 @gin.configurable

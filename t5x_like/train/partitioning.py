@@ -63,14 +63,8 @@ _PARAMS_TP: LogicalRules = (
 #: over ``fsdp`` for params, so weights are split in both dimensions of each matmul.
 PRESETS: dict[str, LogicalRules] = {
     "data_parallel": _ACTIVATIONS_DP,
-    "fsdp": _ACTIVATIONS_DP
-    + (
-        ("embed", "fsdp"),
-        ("mlp", "fsdp"),
-        ("vocab", "fsdp"),
-        ("joined_kv", "fsdp"),
-        ("heads", "fsdp"),
-    ),
+    "fsdp": _ACTIVATIONS_DP + tuple((name, "fsdp") for name in
+                                    ("embed", "mlp", "vocab", "joined_kv", "heads")),
     "tensor_parallel": _ACTIVATIONS_TP + _PARAMS_TP + (("embed", None),),
     "tensor_parallel_2d": _ACTIVATIONS_TP + _PARAMS_TP + (("embed", "fsdp"),),
 }
@@ -255,18 +249,12 @@ def _is_spec(x: Any) -> bool:
     return isinstance(x, PartitionSpec)
 
 
-def param_shardings(
-    abstract_boxed: Any, mesh: Mesh, rules: LogicalRules
-) -> tuple[Any, Any]:
+def param_shardings(abstract_boxed: Any, mesh: Mesh, rules: LogicalRules) -> tuple[Any, Any]:
     """(logical specs, NamedShardings) for a tree of boxed abstract params (from eval_shape)."""
     logical = nn.get_partition_spec(abstract_boxed)
-    shapes = nn.unbox(abstract_boxed)
     shardings = jax.tree.map(
         lambda spec, a: NamedSharding(mesh, mesh_spec(spec, a.shape, mesh, rules)),
-        logical,
-        shapes,
-        is_leaf=_is_spec,
-    )
+        logical, nn.unbox(abstract_boxed), is_leaf=_is_spec)
     return logical, shardings
 
 
@@ -286,7 +274,8 @@ def derived_state_shardings(
 
     def is_param_like(x: Any) -> bool:
         try:
-            return jax.tree.structure(x) == param_def and not _is_leaf_array(x)
+            return (jax.tree.structure(x) == param_def
+                    and not (hasattr(x, "shape") and hasattr(x, "dtype")))  # not an array leaf
         except Exception:  # noqa: BLE001 - exotic nodes are simply not param-shaped
             return False
 
@@ -303,19 +292,12 @@ def derived_state_shardings(
         return replicated
 
     def node(x: Any) -> Any:
-        if is_param_like(x):
-            flat = jax.tree.leaves(x)
-            return jax.tree.unflatten(
-                param_def,
-                [one(a, p, s) for a, p, s in zip(flat, params_flat, logical_flat, strict=True)],
-            )
-        return replicated
+        if not is_param_like(x):
+            return replicated
+        flat = zip(jax.tree.leaves(x), params_flat, logical_flat, strict=True)
+        return jax.tree.unflatten(param_def, [one(a, p, s) for a, p, s in flat])
 
     return jax.tree.map(node, abstract_state, is_leaf=is_param_like)
-
-
-def _is_leaf_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 def batch_sharding(mesh: Mesh, rules: LogicalRules) -> NamedSharding:
@@ -355,18 +337,11 @@ class ShardedFunction:
             return self.jitted.lower(*args)
 
 
-def jit_sharded(
-    fn: Callable[..., Any],
-    mesh: Mesh,
-    rules: LogicalRules,
-    in_shardings: Any,
-    out_shardings: Any,
-    donate_argnums: tuple[int, ...] = (),
-) -> ShardedFunction:
+def jit_sharded(fn: Callable[..., Any], mesh: Mesh, rules: LogicalRules, in_shardings: Any,
+                out_shardings: Any, donate_argnums: tuple[int, ...] = ()) -> ShardedFunction:
     """``jax.jit`` with NamedShardings, run and lowered under the mesh and the logical rules."""
-    jitted = jax.jit(
-        fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
-    )
+    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                     donate_argnums=donate_argnums)
     return ShardedFunction(jitted, mesh, rules)
 
 

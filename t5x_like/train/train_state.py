@@ -81,9 +81,8 @@ def sharded_state(
     shardings = TrainState(opt_state=opt_sh, params=param_sh, step=replicated)
     abstract_state = TrainState(opt_state=abstract_opt, params=abstract_params,
                                 step=jax.ShapeDtypeStruct((), jnp.int32))
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
-    )
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract_state, shardings)
 
     def init_fn(rng: jax.Array) -> TrainState:
         return _fresh_state(nn.unbox(boxed_params(rng)), optimizer)
@@ -101,15 +100,13 @@ def _fresh_state(params: Any, optimizer: Optimizer) -> TrainState:
 def create_state(plan: ShardedState, rng: jax.Array, mesh: jax.sharding.Mesh,
                  rules: partitioning.LogicalRules) -> TrainState:
     """Initialise the state directly into its shardings (no full copy on any one device)."""
-    init = partitioning.jit_sharded(plan.init_fn, mesh, rules, in_shardings=None,
-                                    out_shardings=plan.shardings)
-    return init(rng)
+    return partitioning.jit_sharded(plan.init_fn, mesh, rules, in_shardings=None,
+                                    out_shardings=plan.shardings)(rng)
 
 
 def state_with_params(plan: ShardedState, params: Any, optimizer: Optimizer,
                       mesh: jax.sharding.Mesh, rules: partitioning.LogicalRules) -> TrainState:
     """A step-0 state around given (e.g. pre-trained) params with a fresh optimizer state."""
-    fn = partitioning.jit_sharded(lambda p: _fresh_state(p, optimizer), mesh, rules,
-                                  in_shardings=(plan.shardings.params,),
-                                  out_shardings=plan.shardings)
-    return fn(params)
+    return partitioning.jit_sharded(lambda p: _fresh_state(p, optimizer), mesh, rules,
+                                    in_shardings=(plan.shardings.params,),
+                                    out_shardings=plan.shardings)(params)

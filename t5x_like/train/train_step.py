@@ -36,14 +36,6 @@ def _split_microbatches(batch: Mapping[str, jax.Array], n: int) -> dict[str, jax
     return {k: split(v) for k, v in batch.items()}
 
 
-def _combine(metrics: Mapping[str, jax.Array], weight: jax.Array) -> dict[str, jax.Array]:
-    return {
-        k: (jnp.asarray(v, jnp.float32) if k in _SUM_METRICS
-            else jnp.asarray(v, jnp.float32) * weight)
-        for k, v in metrics.items()
-    }
-
-
 def make_train_step(
     model: Any,
     optimizer: Optimizer,
@@ -66,9 +58,8 @@ def make_train_step(
         (loss, metrics), grads = grad_fn(params, dict(mb), rng)
         weight = jnp.sum(mb["decoder_loss_weights"].astype(jnp.float32)) / total
         grads = jax.tree.map(lambda g: g * weight, grads)
-        out = _combine(metrics, weight)
-        out["loss"] = jnp.asarray(loss, jnp.float32) * weight
-        return grads, out
+        out = {k: jnp.asarray(v, jnp.float32) for k, v in {**metrics, "loss": loss}.items()}
+        return grads, {k: v if k in _SUM_METRICS else v * weight for k, v in out.items()}
 
     def step(state: TrainState, batch: Mapping[str, jax.Array], rng: jax.Array
              ) -> tuple[TrainState, dict]:
@@ -98,16 +89,12 @@ def make_train_step(
         updates, new_opt = optimizer.tx.update(grads, state.opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if on_nonfinite == "skip":
-            keep = lambda new, old: jnp.where(finite, new, old)
-            new_params = jax.tree.map(keep, new_params, params)
-            new_opt = jax.tree.map(keep, new_opt, state.opt_state)
-        metrics = dict(metrics)
-        metrics.update(
-            grad_norm=grad_norm,
+            new_params, new_opt = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                               (new_params, new_opt), (params, state.opt_state))
+        metrics = dict(
+            metrics, grad_norm=grad_norm,
             learning_rate=jnp.asarray(optimizer.schedule(state.step), jnp.float32),
-            finite=finite.astype(jnp.float32),
-            param_norm=optax.global_norm(new_params),
-        )
+            finite=finite.astype(jnp.float32), param_norm=optax.global_norm(new_params))
         new_state = TrainState(opt_state=new_opt, params=new_params, step=state.step + 1)
         return new_state, metrics
 
@@ -134,10 +121,9 @@ def make_eval_step(model: Any) -> Callable[[Any, Mapping[str, jax.Array]], dict[
         loss, metrics = model.loss_fn(params, dict(batch), None)
         tokens = jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32))
         out = {"loss_sum": jnp.asarray(loss, jnp.float32) * tokens, "num_tokens": tokens}
-        if "cross_entropy" in metrics:
-            out["cross_entropy_sum"] = jnp.asarray(metrics["cross_entropy"], jnp.float32) * tokens
-        if "accuracy" in metrics:
-            out["accuracy_sum"] = jnp.asarray(metrics["accuracy"], jnp.float32) * tokens
+        for name in ("cross_entropy", "accuracy"):
+            if name in metrics:
+                out[f"{name}_sum"] = jnp.asarray(metrics[name], jnp.float32) * tokens
         return out
 
     return evaluate

@@ -135,12 +135,7 @@ def write_operative_config(model_dir: str) -> None:
         f.write(text)
 
 
-def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
-              sequence_length: Mapping[str, int], num_train_steps: int, batch_size: int,
-              num_microbatches: int, checkpoint_every: int, keep_checkpoints: int | None,
-              eval_every: int, eval_steps: int, eval_split: str, log_every: int,
-              signal_check_every: int, restore_step: int | None, restore_dir: str | None,
-              init_params_path: str | None) -> None:
+def preflight(args: TrainArgs) -> None:
     """Checks that need no compute, so a bad run fails in seconds with one message.
 
     Counts are in range; the model dir can be written (nothing is created to find out); a
@@ -149,17 +144,13 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
     fits the model's embedding.
     Raises InvalidRunError, VocabularyError or FileNotFoundError (all: exit 2 in the CLI).
     """
-    _check_ranges(num_train_steps=num_train_steps, batch_size=batch_size,
-                  num_microbatches=num_microbatches, checkpoint_every=checkpoint_every,
-                  keep_checkpoints=keep_checkpoints, eval_every=eval_every,
-                  eval_steps=eval_steps, log_every=log_every,
-                  signal_check_every=signal_check_every, restore_step=restore_step,
-                  sequence_length=sequence_length)
+    _check_ranges(args)
+    model_dir, num_train_steps, restore_dir = args.model_dir, args.num_train_steps, args.restore_dir
     _check_writable(model_dir)
-    resumed = restore_step if restore_step is not None else _latest_step(model_dir)
+    resumed = args.restore_step if args.restore_step is not None else _latest_step(model_dir)
     if resumed is None and restore_dir:
         resumed = _latest_step(restore_dir)
-    if num_train_steps == 0 and resumed is None and not init_params_path:
+    if num_train_steps == 0 and resumed is None and not args.init_params_path:
         raise InvalidRunError(
             f"train.num_train_steps=0 (evaluation only) but {model_dir} has no checkpoint to "
             "evaluate: is train.model_dir / --model_dir the trained run's directory?")
@@ -172,36 +163,39 @@ def preflight(*, model_dir: str, model: Any, task: str, vocabulary: str,
     from t5x_like import data
 
     try:
-        mixture = data.get_task(task, vocabulary)
+        mixture = data.get_task(args.task, args.vocabulary)
     except (KeyError, ValueError) as err:
-        raise InvalidRunError(f"train.task={task!r}: {err}") from err
+        raise InvalidRunError(f"train.task={args.task!r}: {err}") from err
     splits = ["train"] if num_train_steps else []
-    splits += [eval_split] if eval_every else []
+    splits += [args.eval_split] if args.eval_every else []
     for sub in getattr(mixture, "tasks", [mixture]):
         for split in splits:
             if not sub.source.list_shards(split):  # sources raise their own "not prepared"
                 raise InvalidRunError(f"task {sub.name!r} has no data files for split {split!r}")
-    size = int(data.get_vocabulary(vocabulary).vocab_size)
-    check_fits(vocabulary, int(model.config.vocab_size), what="train.vocabulary",
+    size = int(data.get_vocabulary(args.vocabulary).vocab_size)
+    check_fits(args.vocabulary, int(args.model.config.vocab_size), what="train.vocabulary",
                fix="Use a vocabulary that fits (the tiny presets are for 'c4like_8k') or set "
                    f"TransformerConfig.vocab_size >= {-(-size // 128) * 128}.")
 
 
-def _check_ranges(*, sequence_length: Mapping[str, int], **counts: int | None) -> None:
+def _check_ranges(args: TrainArgs) -> None:
     """Each count is in its range (None allowed where the parameter is optional)."""
     floors = {"num_train_steps": (0, " (0 = evaluate a trained checkpoint only)"),
               "eval_every": (0, " (0 = never)"), "restore_step": (0, "")}
-    for name, value in counts.items():
+    for name in ("num_train_steps", "batch_size", "num_microbatches", "checkpoint_every",
+                 "keep_checkpoints", "eval_every", "eval_steps", "log_every",
+                 "signal_check_every", "restore_step"):
+        value = getattr(args, name)
         floor, note = floors.get(name, (1, ""))
         if value is not None and value < floor:
             raise InvalidRunError(f"train.{name}={value} must be >= {floor}{note}")
-    if counts["batch_size"] % counts["num_microbatches"]:
-        raise InvalidRunError(f"train.batch_size={counts['batch_size']} is not divisible by "
-                              f"train.num_microbatches={counts['num_microbatches']}")
-    bad = {k: v for k, v in sequence_length.items() if v < 1}
-    if bad or not sequence_length:
-        raise InvalidRunError(f"train.sequence_length={dict(sequence_length)!r}: every feature "
-                              "needs a length >= 1")
+    if args.batch_size % args.num_microbatches:
+        raise InvalidRunError(f"train.batch_size={args.batch_size} is not divisible by "
+                              f"train.num_microbatches={args.num_microbatches}")
+    bad = {k: v for k, v in args.sequence_length.items() if v < 1}
+    if bad or not args.sequence_length:
+        raise InvalidRunError(f"train.sequence_length={dict(args.sequence_length)!r}: every "
+                              "feature needs a length >= 1")
 
 
 def _latest_step(model_dir: str) -> int | None:
@@ -300,7 +294,8 @@ def train(
         raise ValueError(f"train.on_nonfinite={on_nonfinite!r}; "
                          f"one of {train_step.NONFINITE_POLICIES}")
     args["model_dir"] = model_dir = os.path.abspath(os.path.expanduser(model_dir))
-    preflight(**{k: args[k] for k in inspect.signature(preflight).parameters})
+    checked = TrainArgs(**args)
+    preflight(checked)
     mesh = partitioning.create_mesh()  # gin: create_mesh.mesh_shape, logical_axis_rules.preset
     rules = partitioning.logical_axis_rules()
     shards = partitioning.batch_shard_count(mesh, rules)
@@ -308,7 +303,7 @@ def train(
         raise InvalidRunError(f"train.batch_size={batch_size} not divisible by the {shards} "
                               f"batch shards of {partitioning.describe(mesh)}")
     with own_model_dir(model_dir):
-        return Trainer(TrainArgs(**args), mesh, rules).run()
+        return Trainer(checked, mesh, rules).run()
 
 
 @contextlib.contextmanager
@@ -334,36 +329,11 @@ def own_model_dir(model_dir: str) -> Iterator[None]:
         lock.release()
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainArgs:
-    """`train`'s arguments once checked (each is documented there)."""
-
-    model_dir: str  # absolute
-    model: Any
-    task: str
-    sequence_length: Mapping[str, int]
-    num_train_steps: int
-    batch_size: int
-    vocabulary: str
-    pack: bool
-    seed: int
-    optimizer: Optimizer | None
-    num_microbatches: int
-    checkpoint_every: int
-    keep_checkpoints: int | None
-    async_checkpointing: bool
-    restore_step: int | None
-    restore_dir: str | None
-    init_params_path: str | None
-    eval_every: int
-    eval_steps: int
-    eval_split: str
-    log_every: int
-    on_nonfinite: str
-    checkpoint_data_iterator: bool
-    tensorboard: bool
-    synchronous_metrics: bool
-    signal_check_every: int
+# `train`'s arguments once checked (each is documented there), typed as its signature: one list
+# of parameters, the gin-configurable one.
+TrainArgs = dataclasses.make_dataclass(
+    "TrainArgs", [(name, param.annotation) for name, param in
+                  inspect.signature(train).parameters.items()], frozen=True)
 
 
 class _StepTimer:

@@ -276,8 +276,7 @@ def test_targets_only_lm_scores_a_prompt_and_target_longer_than_its_length():
                                          num_heads=2, head_dim=8, mlp_dim=32,
                                          num_decoder_layers=1, dtype="float32"))
     prompt, target = [5, 6, 7, 8], [9, 10, 11, 1]
-    batch = model.score_batch([prompt], [target], input_length=4, target_length=4,
-                              has_inputs=False)
+    batch = model.score_batch([prompt], [target], input_length=4, target_length=4)
     assert batch["decoder_target_tokens"].tolist() == [[*prompt, *target]]  # 8 > target_length
     assert batch["decoder_loss_weights"].tolist() == [[0, 0, 0, 0, 1, 1, 1, 1]]
     params = model.init_variables(jax.random.PRNGKey(0), model.example_batch(1))["params"]
