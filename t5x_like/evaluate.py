@@ -37,17 +37,14 @@ from t5x_like import flags, gin_utils, infer
 from t5x_like.train.checkpoints import CheckpointSaveError, CheckpointUnreadableError
 
 DEFAULT_FINETUNE_STEPS = 200
-CLASSIFICATION_MODES = ("rank", "decode")
+#: --classification modes, as results.md words them.
+_CLASSIFICATION_TEXT = {"rank": "rank classification (most likely label)",
+                        "decode": "greedy decoding"}
+CLASSIFICATION_MODES = tuple(_CLASSIFICATION_TEXT)
 FINETUNE_GIN = "gin/runs/finetune.gin"
 #: Small-scale defaults layered over finetune.gin (user bindings come later and win).
 SMALL_SCALE_BINDINGS = ("train.batch_size = 16", "train.eval_every = 0", "train.log_every = 50",
                         "train.keep_checkpoints = 1")
-
-
-def _downstream() -> Any:
-    from t5x_like.data import downstream
-
-    return downstream
 
 
 def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[str, int],
@@ -68,8 +65,7 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     done = infer.checkpoint_steps(model_dir)
     summary = {"task": task, "model_dir": model_dir, "trained": False}
     if done and done[-1] >= steps:
-        summary["step"] = done[-1]
-        return summary
+        return {**summary, "step": done[-1]}
     gin.clear_config()
     gin_utils.parse_gin([os.path.join(config_dir, "config.gin"), FINETUNE_GIN, *gin_files],
                         bindings)
@@ -90,20 +86,6 @@ def finetune(checkpoint: str, config_dir: str, task: str, sequence_length: dict[
     summary.update(trained=True, seconds=round(time.perf_counter() - start, 1),
                    final_loss=last.get("loss"), step=infer.checkpoint_steps(model_dir)[-1])
     return summary
-
-
-def checkpoint_vocabulary(model_dir: str, *, converted: bool,
-                          gin_bindings: Sequence[str] = ()) -> str:
-    """The vocabulary fine-tuning and scoring use: `train.vocabulary` of the model dir's
-    `config.gin`, or of the user's `gin_bindings` when they bind it (finetune.gin's is
-    overridden by `finetune`'s), checked against the model's embedding
-    (`infer.model_vocabulary`: InferenceError naming both sizes); returns its name."""
-    bindings = infer.parse_model_config(model_dir, (), gin_bindings)
-    if "model" not in bindings:
-        raise gin_utils.ConfigError(f"{model_dir}/config.gin binds no train.model")
-    name, _ = infer.model_vocabulary(bindings, model_dir, converted=converted)
-    gin.clear_config()
-    return name
 
 
 class Interrupted(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -132,10 +114,11 @@ def evaluate_task(predictor: infer.Predictor, task: str, out_dir: str, batch_siz
     """Predicts `task`'s test split (rank classification or greedy decoding, see the module
     docstring), writes `predictions/<task>.jsonl`, returns the results.json entry
     `{'metrics', 'score', 'baseline', 'baseline_metrics', 'num_examples', 'prediction'}`."""
+    from t5x_like.data import downstream
+
     _check_classification(classification)
-    ds = _downstream()
-    spec = ds.get_spec(task)
-    examples = ds.load_examples(task, "test")
+    spec = downstream.get_spec(task)
+    examples = downstream.load_examples(task, "test")
     inputs = [e["inputs"] for e in examples]
     if spec.labels and classification == "rank":
         mode = "rank"
@@ -146,15 +129,13 @@ def evaluate_task(predictor: infer.Predictor, task: str, out_dir: str, batch_siz
                               max_decode_length=spec.sequence_length["targets"],
                               batch_size=batch_size)
         outputs, scores = [p["output"] for p in preds], [p["score"] for p in preds]
-    targets = [e["targets"] for e in examples]
-    metrics = ds.compute_metrics(task, targets, outputs)
-    baseline = ds.majority_baseline(task, "test")
+    metrics = downstream.compute_metrics(task, [e["targets"] for e in examples], outputs)
+    baseline = downstream.majority_baseline(task, "test")
     os.makedirs(os.path.join(out_dir, "predictions"), exist_ok=True)
     with open(os.path.join(out_dir, "predictions", f"{task}.jsonl"), "w", encoding="utf-8") as f:
-        for e, output, sc in zip(examples, outputs, scores, strict=True):
-            row = {"inputs": e["inputs"], "targets": e["targets"], "output": output,
-                   "score": sc}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps({"inputs": e["inputs"], "targets": e["targets"], "output": output,
+                                 "score": sc}, ensure_ascii=False) + "\n"
+                     for e, output, sc in zip(examples, outputs, scores, strict=True))
     return {"metrics": metrics, "score": metrics["score"], "baseline": baseline["score"],
             "baseline_metrics": baseline, "num_examples": len(examples), "prediction": mode}
 
@@ -163,12 +144,10 @@ def _short(task: str) -> str:
     return task.removeprefix("downstream_")
 
 
-_CLASSIFICATION_TEXT = {"rank": "rank classification (most likely label)",
-                        "decode": "greedy decoding"}
-
-
 def results_markdown(results: dict[str, Any]) -> str:
     """One-row table (a column per task + suite average), then the baseline row."""
+    from t5x_like.data import downstream
+
     tasks = list(results["tasks"])
     head = ["model", *[_short(t) for t in tasks], "suite average"]
     name = f"{os.path.basename(results['checkpoint'].rstrip('/'))} (step {results['step']})"
@@ -176,8 +155,7 @@ def results_markdown(results: dict[str, Any]) -> str:
             f"{results['suite_average']:.2f}"]
     base = ["majority baseline", *[f"{results['tasks'][t]['baseline']:.2f}" for t in tasks],
             f"{results['baseline_average']:.2f}"]
-    metrics = ", ".join(f"{_short(t)}: {_downstream().get_spec(t).primary_metric}"
-                        for t in tasks)
+    metrics = ", ".join(f"{_short(t)}: {downstream.get_spec(t).primary_metric}" for t in tasks)
     ft = results["finetune"]
     how = ("not fine-tuned (zero-shot)" if not ft["steps"] else
            f"fine-tuned {'once on the suite mixture' if ft['multitask'] else 'per task'} for "
@@ -199,26 +177,30 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
                         gin_bindings: Sequence[str] = ()) -> dict[str, Any]:
     """Fine-tunes `checkpoint` on each task (or once on the mixture), scores the test splits
     and writes `out_dir/results.{json,md}` + `predictions/`; returns the results.json dict."""
-    ds = _downstream()
+    from t5x_like.data import downstream
+
     model_dir, step = infer.resolve_checkpoint(checkpoint)
     init_path = os.path.abspath(os.path.expanduser(checkpoint))
-    tasks = list(tasks) if tasks else list(ds.SUITE)
+    tasks = list(tasks) if tasks else list(downstream.SUITE)
     for t in tasks:
-        ds.get_spec(t)  # unknown task -> ValueError naming close matches
+        downstream.get_spec(t)  # unknown task -> ValueError naming close matches
     _check_classification(classification)
     steps = DEFAULT_FINETUNE_STEPS if finetune_steps is None else int(finetune_steps)
     if steps < 0:
         raise ValueError(f"finetune_steps={steps} must be >= 0 (0: evaluate without fine-tuning)")
-    vocabulary = checkpoint_vocabulary(model_dir, converted=step is None,
-                                       gin_bindings=gin_bindings)
+    # The vocabulary fine-tuning and scoring use (`finetune` binds it over finetune.gin's): the
+    # model dir's `train.vocabulary`, or the user's, checked against the model's embedding.
+    bindings = infer.parse_model_config(model_dir, (), gin_bindings)
+    vocabulary, _ = infer.model_vocabulary(bindings, model_dir, converted=step is None)
+    gin.clear_config()
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     start = time.perf_counter()
     if multitask:
-        lengths = {k: max(ds.get_spec(t).sequence_length[k] for t in tasks)
+        lengths = {k: max(downstream.get_spec(t).sequence_length[k] for t in tasks)
                    for k in ("inputs", "targets")}
-        runs = [(ds.MIXTURE, tasks, lengths)]
+        runs = [(downstream.MIXTURE, tasks, lengths)]
     else:
-        runs = [(t, [t], dict(ds.get_spec(t).sequence_length)) for t in tasks]
+        runs = [(t, [t], dict(downstream.get_spec(t).sequence_length)) for t in tasks]
     entries: dict[str, Any] = {}
     summaries = []
     for run_task, scored, lengths in runs:
@@ -242,8 +224,7 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
     gin.clear_config()
     mean = lambda key: sum(entries[t][key] for t in tasks) / len(tasks)  # noqa: E731
     results = {
-        "checkpoint": model_dir, "step": step,
-        "tasks": {t: entries[t] for t in tasks},
+        "checkpoint": model_dir, "step": step, "tasks": {t: entries[t] for t in tasks},
         "suite_average": mean("score"), "baseline_average": mean("baseline"),
         "finetune": {"steps": steps, "multitask": multitask, "classification": classification,
                      "gin_files": [FINETUNE_GIN, *gin_files] if steps else [],
@@ -253,8 +234,7 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
     }
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-        f.write("\n")
+        f.write(json.dumps(results, indent=2) + "\n")
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(results_markdown(results))
     return results
@@ -262,11 +242,10 @@ def evaluate_checkpoint(checkpoint: str, out_dir: str, *, tasks: Sequence[str] |
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of `python -m t5x_like.evaluate` (`--gin.K=V` handled by gin_utils.split_gin_flags)."""
-    p = argparse.ArgumentParser(prog="python -m t5x_like.evaluate",
-                                description="Fine-tune a checkpoint on the downstream suite and "
-                                "report its scores.",
-                                epilog="Any --gin.KEY=VALUE is a fine-tuning gin binding, e.g. "
-                                "--gin.train.batch_size=16")
+    p = argparse.ArgumentParser(
+        prog="python -m t5x_like.evaluate",
+        description="Fine-tune a checkpoint on the downstream suite and report its scores.",
+        epilog="Any --gin.KEY=VALUE is a fine-tuning gin binding, e.g. --gin.train.batch_size=16")
     p.add_argument("--checkpoint", required=True, help="pre-trained model dir (or step dir)")
     p.add_argument("--out_dir", required=True)
     p.add_argument("--tasks", default=None, help="comma-separated subset of the suite")
@@ -302,15 +281,11 @@ def main(argv: Sequence[str]) -> int:
         results = evaluate_checkpoint(
             args.checkpoint, args.out_dir, tasks=tasks, finetune_steps=args.finetune_steps,
             multitask=args.multitask, classification=args.classification,
-            gin_files=args.gin_file,
-            gin_bindings=[*args.gin_bindings, *gin_flags])
-    except (infer.InferenceError, gin_utils.ConfigError, CheckpointUnreadableError, ValueError,
-            ModelDirBusyError, FileNotFoundError) as err:
+            gin_files=args.gin_file, gin_bindings=[*args.gin_bindings, *gin_flags])
+    except (ValueError, CheckpointUnreadableError, ModelDirBusyError, FileNotFoundError,
+            NonFiniteLossError) as err:  # ValueError: InferenceError, ConfigError, a bad task ...
         print(f"error: {gin_utils.error_message(err)}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as err:
-        print(f"error: {gin_utils.error_message(err)}", file=sys.stderr)
-        return 3
+        return 3 if isinstance(err, NonFiniteLossError) else 2
     except (CheckpointSaveError, OSError) as err:  # a write failed: exit 5, as train
         print(f"error: {gin_utils.error_message(err)}; re-run the same command once it can be "
               "written: finished fine-tunes are kept", file=sys.stderr)

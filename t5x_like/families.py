@@ -2,9 +2,8 @@
 
 Standard library only, so both sides of the batch contract read the same records:
 `data/converters.py` registers one feature converter per family, `models/` builds one model
-per family and lays out its batches. What differs between families is data here, not if-chains:
-which task features an encoder reads, which ones the decoder's one sequence concatenates, and
-whether the decoder sees a bidirectional prefix (`decoder_causal_attention`).
+per family and lays out its batches. What differs between families is data (`Family`'s
+fields), not if-chains.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 
 ``parse_gin`` registers every configurable first (so a binding is checked, and a run's saved
 ``config.gin`` parses in a fresh process), then checks each binding's type against its
-parameter's annotation (``t5x_like.train.gin_types``). Used by ``train``, ``infer``,
-``evaluate``, ``plan``, ``aot``, ``convert`` and ``sweep``.
+parameter's annotation (``t5x_like.train.gin_types``).
 """
 
 from __future__ import annotations
@@ -55,16 +54,6 @@ def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
     return parser.parse_args(rest), gin_flags
 
 
-def register_configurables() -> None:
-    """Import every module that registers gin configurables, so bindings can be checked (and a
-    run's saved config.gin, which binds the data layer's too, parses in a fresh process)."""
-    import t5x_like.data.tasks  # noqa: F401
-    import t5x_like.models  # noqa: F401
-    import t5x_like.train.optimizers  # noqa: F401
-    import t5x_like.train.partitioning  # noqa: F401
-    import t5x_like.train.trainer  # noqa: F401
-
-
 @contextlib.contextmanager
 def quiet_gin_search() -> Iterator[None]:
     """Drops gin's "Path not found" ERROR lines: logged for every search-path prefix its package
@@ -82,7 +71,12 @@ def quiet_gin_search() -> Iterator[None]:
 def parse_gin(files: Sequence[str], bindings: Sequence[str],
               search_paths: Sequence[str] = ()) -> None:
     """Parse gin files + bindings; any problem raises ConfigError naming the binding."""
-    register_configurables()
+    # Every configurable first: bindings are checked, a saved config.gin parses in a new process.
+    import t5x_like.data.tasks  # noqa: F401
+    import t5x_like.models  # noqa: F401
+    import t5x_like.train.optimizers  # noqa: F401
+    import t5x_like.train.partitioning  # noqa: F401
+    import t5x_like.train.trainer  # noqa: F401
     paths = [p for entry in search_paths for p in entry.split(",") if p]
     for path in [*paths, os.getcwd(), REPO_ROOT]:
         gin.add_config_file_search_path(path)
@@ -97,10 +91,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
         with quiet_gin_search():
             gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError, ImportError, OSError) as err:
-        unquoted = _unquoted_string(str(err), bindings)
-        if unquoted:
-            raise ConfigError(unquoted) from err
-        raise ConfigError(f"invalid gin config: {err}{gin_error_hint(str(err))}") from err
+        raise ConfigError(_explain(str(err), bindings)) from err
     from t5x_like.train.gin_types import binding_type_errors
 
     wrong = binding_type_errors()
@@ -109,58 +100,40 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
                           "Python literals: 16 is an int, '16' a string)")
 
 
-def _configurables() -> dict[str, object]:
-    """Registered gin configurables by short name (``train``, ``make_model``, ...)."""
-    return {selector.rsplit(".", 1)[-1]: c
-            for selector, c in gin.config._REGISTRY.items()}  # noqa: SLF001 - no public listing
-
-
-def _parameters(configurable: object) -> list[str]:
-    fn = getattr(configurable, "wrapped", None)
-    if fn is None:
-        return []
-    if inspect.isclass(fn):
-        fn = fn.__init__
-    return [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
-
-
 def _did_you_mean(name: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def _unquoted_string(message: str, bindings: Sequence[str]) -> str | None:
-    """Gin reads a bare word as a Python literal, so ``--gin.train.task=c4like_prefix_lm`` fails
-    with "malformed node or string": say that strings need quotes, naming the binding."""
-    token = re.search(r"Failed to parse token '([^']*)'", message)
-    if not token:
-        return None
-    word = token.group(1)
-    key = next((b.split("=", 1)[0].strip() for b in bindings
-                if "=" in b and b.split("=", 1)[1].strip() == word), None)
-    if key is None:  # in a gin file: gin's message names the file and line
-        return None
-    return (f"invalid gin binding {key}={word}: gin strings need quotes: "
-            f"--gin.{key}=\"'{word}'\" on the command line, {key} = '{word}' in a gin file")
-
-
-def gin_error_hint(message: str) -> str:
-    """A hint naming the closest registered names for a misspelled configurable or parameter,
-    or the quotes a bare word needs."""
+def _explain(message: str, bindings: Sequence[str]) -> str:
+    """Gin's error `message` with a hint: the quotes a bare word needs (gin reads it as a Python
+    literal, so ``--gin.train.task=c4like_prefix_lm`` fails with "malformed node or string"), or
+    the closest registered names for a misspelled configurable or parameter."""
     token = re.search(r"Failed to parse token '([^']*)'", message)
     if token:
-        return f"\n  hint: gin strings need quotes: '{token.group(1)}'"
+        word = token.group(1)
+        key = next((b.split("=", 1)[0].strip() for b in bindings
+                    if "=" in b and b.split("=", 1)[1].strip() == word), None)
+        if key is None:  # in a gin file: gin's message names the file and line
+            return f"invalid gin config: {message}\n  hint: gin strings need quotes: '{word}'"
+        return (f"invalid gin binding {key}={word}: gin strings need quotes: "
+                f"--gin.{key}=\"'{word}'\" on the command line, {key} = '{word}' in a gin file")
     found = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", message)
     unknown = re.search(r"No configurable matching '([\w.]+)'", message)
-    configurables = _configurables()
+    configurables = {selector.rsplit(".", 1)[-1]: c  # by short name: no public listing
+                     for selector, c in gin.config._REGISTRY.items()}  # noqa: SLF001
     hint = ""
     if found:
         name, param = found.groups()
         configurable = configurables.get(name.rsplit(".", 1)[-1])
-        hint = _did_you_mean(param, _parameters(configurable)) if configurable else ""
+        if configurable:
+            fn = configurable.wrapped
+            fn = fn.__init__ if inspect.isclass(fn) else fn
+            hint = _did_you_mean(param, [p for p in inspect.signature(fn).parameters
+                                         if p not in ("self", "args", "kwargs")])
     elif unknown:
         hint = _did_you_mean(unknown.group(1).rsplit(".", 1)[-1], sorted(configurables))
-    return f"\n  hint:{hint}" if hint else ""
+    return f"invalid gin config: {message}" + (f"\n  hint:{hint}" if hint else "")
 
 
 def error_message(err: BaseException) -> str:

@@ -16,8 +16,8 @@ whose tokens are prefilled after the input (the outputs hold the continuation on
 Every batch is padded to one shape (`batch_size` rows, or fewer rounded up to the mesh's batch
 shards when there are fewer inputs), so one compilation serves a whole call.
 
-`python -m t5x_like.infer` is the CLI (see `main`); errors in the flags, the checkpoint, its
-vocabulary, the inputs or the gin config exit with status 2 and a message naming the problem.
+`python -m t5x_like.infer` is the CLI (see `main`: a bad flag, checkpoint, input or config
+exits with status 2 and a message naming the problem).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from t5x_like import flags, gin_utils
-from t5x_like.data.vocab import DEFAULT_VOCABULARY
+from t5x_like.data.vocab import DEFAULT_VOCABULARY, VocabularyError, check_fits
 from t5x_like.models.config import EOS_ID, PAD_ID
 from t5x_like.models.model import pad_ids
 from t5x_like.train import checkpoints, partitioning
@@ -88,6 +88,7 @@ class Predictor:
 
 
 _MODELS: dict[Any, Any] = {}  # TransformerConfig -> BaseModel
+_SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
 #: Truncation lengths when a config binds no `train.sequence_length` (converted checkpoints):
 #: T5's pre-training lengths (`gin/objectives/span_corruption.gin`).
 DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
@@ -142,11 +143,14 @@ def parse_model_config(model_dir: str, gin_files: Sequence[str] = (),
     returns the resolved `train.*` bindings (`model` is built). Raises gin_utils.ConfigError."""
     gin.clear_config()
     gin_utils.parse_gin([os.path.join(model_dir, "config.gin"), *gin_files], gin_bindings,
-                  gin_search_paths)
+                        gin_search_paths)
     try:
-        return gin.get_bindings("train")
+        bindings = gin.get_bindings("train")
     except (ValueError, TypeError, RuntimeError) as err:
         raise gin_utils.ConfigError(f"invalid gin config in {model_dir}: {err}") from err
+    if "model" not in bindings:
+        raise gin_utils.ConfigError(f"{model_dir}/config.gin binds no train.model")
+    return bindings
 
 
 def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
@@ -162,8 +166,6 @@ def load_predictor(checkpoint: str, *, gin_files: Sequence[str] = (),
     """
     model_dir, step = resolve_checkpoint(checkpoint, step)
     bindings = parse_model_config(model_dir, gin_files, gin_bindings, gin_search_paths)
-    if "model" not in bindings:
-        raise gin_utils.ConfigError(f"{model_dir}/config.gin binds no train.model")
     # One model object per config: jitted decode/score functions are cached per model object.
     model = _MODELS.setdefault(bindings["model"].config, bindings["model"])
     lengths = bindings.get("sequence_length", DEFAULT_SEQUENCE_LENGTH)  # unbound: converted
@@ -211,13 +213,9 @@ def _abstract_params(model: Any, sequence_length: Mapping[str, int], mesh: jax.s
 def check_vocabulary(name: str, embedding_rows: int, *,
                      fix: str = "bind the checkpoint's own vocabulary: "
                                 "--gin.train.vocabulary=NAME_OR_PATH") -> Any:
-    """Loads vocabulary `name` and checks that its ids fit an embedding of `embedding_rows` rows
-    (`TransformerConfig.vocab_size`), as train's preflight does; returns the vocabulary.
-
-    Raises InferenceError naming both sizes and `fix`: a larger vocabulary would read ids past
-    the embedding (garbage, or NaN scores), which is never what was trained."""
-    from t5x_like.data.vocab import VocabularyError, check_fits
-
+    """Loads vocabulary `name` and checks, as train's preflight does, that its ids fit an
+    embedding of `embedding_rows` rows (`TransformerConfig.vocab_size`): else InferenceError
+    naming both sizes and `fix` (ids past the embedding give garbage, or NaN scores)."""
     try:
         return check_fits(name, embedding_rows, fix=f"Wrong vocabulary for this model; {fix}")
     except VocabularyError as err:
@@ -243,6 +241,8 @@ def model_vocabulary(bindings: Mapping[str, Any], model_dir: str, *,
 
 # Tokenization ----------------------------------------------------------------------------------
 _TRUNCATED: dict[str, int] = {}  # what -> how many texts were truncated since the last warning
+#: Inside `one_truncation_warning`: what -> (truncated, total), reported when it exits.
+_DEFERRED: dict[str, tuple[int, int]] | None = None
 
 
 def _tokens(predictor: Predictor, text: str, limit: int, eos: bool, what: str) -> list[int]:
@@ -255,10 +255,6 @@ def _tokens(predictor: Predictor, text: str, limit: int, eos: bool, what: str) -
     return ids + [EOS_ID] * eos
 
 
-#: Inside `one_truncation_warning`: what -> (truncated, total), reported when it exits.
-_DEFERRED: dict[str, tuple[int, int]] | None = None
-
-
 def _log_truncated(predictor: Predictor, counts: Mapping[str, tuple[int, int]]) -> None:
     for what, (n, total) in sorted(counts.items()):
         limit = predictor.input_length if what == "input" else predictor.target_length
@@ -268,13 +264,12 @@ def _log_truncated(predictor: Predictor, counts: Mapping[str, tuple[int, int]]) 
 
 def _warn_truncated(predictor: Predictor, total: int) -> None:
     """Reports (or, inside `one_truncation_warning`, keeps) the truncations of one call."""
-    counts = {what: (n, total) for what, n in _TRUNCATED.items()}
+    counts = {} if _DEFERRED is None else _DEFERRED
+    for what, n in _TRUNCATED.items():
+        counts[what] = max(counts.get(what, (0, 0)), (n, total))
     _TRUNCATED.clear()
     if _DEFERRED is None:
         _log_truncated(predictor, counts)
-        return
-    for what, count in counts.items():
-        _DEFERRED[what] = max(_DEFERRED.get(what, (0, 0)), count)
 
 
 @contextlib.contextmanager
@@ -307,10 +302,9 @@ def _prompt_batch(predictor: Predictor, inputs: Sequence[str],
 
 
 def _detokenize(predictor: Predictor, ids: np.ndarray) -> str:
-    ids = [int(i) for i in ids]
-    if EOS_ID in ids:
-        ids = ids[: ids.index(EOS_ID)]
-    return str(predictor.vocabulary.decode([i for i in ids if i != PAD_ID]))
+    """The text of `ids` `[length]` up to the first EOS, padding dropped."""
+    ids = [int(i) for i in ids] + [EOS_ID]
+    return str(predictor.vocabulary.decode([i for i in ids[: ids.index(EOS_ID)] if i != PAD_ID]))
 
 
 def _batches(predictor: Predictor, n: int, batch_size: int) -> tuple[int, list[range]]:
@@ -376,9 +370,6 @@ def predict(predictor: Predictor, inputs: Sequence[str], *,
     return results
 
 
-_SCORE_FNS: dict[Any, Any] = {}  # model -> jitted model.score
-
-
 def score(predictor: Predictor, inputs: Sequence[str], targets: Sequence[str], *,
           batch_size: int = 32) -> list[float]:
     """Log-likelihood (nats) of each target (+ EOS) given its input, via `model.score`."""
@@ -390,12 +381,10 @@ def score(predictor: Predictor, inputs: Sequence[str], targets: Sequence[str], *
     lt = predictor.target_length
     for chunk in chunks:
         tgt = [_tokens(predictor, targets[i], lt, True, "target") for i in chunk]
-        batch = predictor.model.score_batch(
-            _input_ids(predictor, [inputs[i] for i in chunk]), tgt,
-            input_length=predictor.input_length, target_length=lt)
-        batch = _pad_rows(batch, rows)
+        batch = predictor.model.score_batch(_input_ids(predictor, [inputs[i] for i in chunk]), tgt,
+                                            input_length=predictor.input_length, target_length=lt)
         with partitioning.partitioning_context(predictor.mesh, predictor.rules):
-            values = np.asarray(fn(predictor.params, batch))
+            values = np.asarray(fn(predictor.params, _pad_rows(batch, rows)))
         out.extend(float(v) for v in values[: len(chunk)])
     _warn_truncated(predictor, len(inputs))
     return out
@@ -452,8 +441,6 @@ def read_inputs(path: str) -> list[dict[str, str]]:
             items = json.loads(text)
         except json.JSONDecodeError as err:
             raise InferenceError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from err
-        if not isinstance(items, list):
-            raise InferenceError(f"{path}: expected a JSON array of objects or JSON lines")
         entries = [(f"{path} item {n}", item) for n, item in enumerate(items, 1)]
     else:
         entries = []
@@ -473,10 +460,8 @@ def read_inputs(path: str) -> list[dict[str, str]]:
 
 
 def _looks_like_json_object(line: str) -> bool:
-    if not line.lstrip().startswith("{"):
-        return False
     try:
-        return isinstance(json.loads(line), dict)
+        return line.lstrip().startswith("{") and isinstance(json.loads(line), dict)
     except json.JSONDecodeError:
         return False
 
@@ -534,8 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m t5x_like.infer",
                                 description="Decode (and score) text with a trained model.")
     p.add_argument("--checkpoint", required=True, help="model dir or model_dir/checkpoints/STEP")
-    p.add_argument("--step", type=flags.non_negative_int, default=None,
-                   help="checkpoint step (default: latest)")
+    p.add_argument("--step", type=flags.non_negative_int, help="checkpoint step (default: latest)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input_file", help="text (one input per line) or .jsonl/.json ('inputs', "
                      "optional 'targets': also scored)")
@@ -561,9 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens to decode (default: the training target length)")
     p.add_argument("--batch_size", type=flags.positive_int, default=32)
     p.add_argument("--seed", type=flags.non_negative_int, default=0)
-    p.add_argument("--mesh_shape", type=flags.mesh_shape, default=None,
-                   help="e.g. 1,-1,1 (data,fsdp,model)")
-    p.add_argument("--partitioning", default=None, help="logical_axis_rules preset")
+    p.add_argument("--mesh_shape", type=flags.mesh_shape, help="e.g. 1,-1,1 (data,fsdp,model)")
+    p.add_argument("--partitioning", help="logical_axis_rules preset")
     p.add_argument("--gin_file", action="append", default=[])
     p.add_argument("--gin_bindings", action="append", default=[])
     p.add_argument("--gin_search_paths", action="append", default=[])
@@ -609,10 +592,8 @@ def main(argv: Sequence[str]) -> int:
                             batch_size=args.batch_size, num_decodes=args.num_decodes,
                             seed=args.seed, **options)
             target_scores = score(predictor, [rows[i]["inputs"] for i in scored],
-                                  [rows[i]["targets"] for i in scored],
-                                  batch_size=args.batch_size)
-    except (InferenceError, gin_utils.ConfigError, checkpoints.CheckpointMismatchError,
-            ValueError) as err:
+                                  [rows[i]["targets"] for i in scored], batch_size=args.batch_size)
+    except ValueError as err:  # InferenceError, ConfigError, CheckpointMismatchError, ...
         print(f"error: {err}", file=sys.stderr)
         return 2
     for i, value in zip(scored, target_scores, strict=True):
@@ -620,9 +601,8 @@ def main(argv: Sequence[str]) -> int:
         preds[i]["target_score"] = value
     os.makedirs(os.path.dirname(os.path.abspath(args.output_file)), exist_ok=True)
     with open(args.output_file, "w", encoding="utf-8") as f:
-        for p in preds:
-            row = {"inputs": p.pop("input"), **p}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps({"inputs": p.pop("input"), **p}, ensure_ascii=False) + "\n"
+                     for p in preds)
     what = "converted params" if predictor.step is None else f"step {predictor.step}"
     print(f"[t5x_like.infer] {len(preds)} predictions ({what}) -> "
           f"{args.output_file} in {time.perf_counter() - start:.1f}s", flush=True)

@@ -128,11 +128,8 @@ def ptxas_path() -> str:
         roots = list(getattr(nvidia.cuda_nvcc, "__path__", []))
     except ImportError:
         roots = []
-    for root in roots:
-        path = os.path.join(root, "bin", "ptxas")
-        if os.access(path, os.X_OK):
-            return path
-    found = shutil.which("ptxas")
+    wheel = (os.path.join(root, "bin", "ptxas") for root in roots)
+    found = next((p for p in wheel if os.access(p, os.X_OK)), None) or shutil.which("ptxas")
     if found is None:
         raise RuntimeError(f"ptxas not found. {INSTALL_HINT}")
     return found
@@ -200,11 +197,9 @@ def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
 
 def parse_thunks(text: str) -> dict[str, dict[str, Any]]:
     """XLA's `*thunk_sequence.txt` -> {kernel: grid [x, y, z], threads, dyn_smem_bytes}."""
-    return {
-        m[1]: {"grid": [int(m[2]), int(m[3]), int(m[4])],
-               "threads": int(m[5]) * int(m[6]) * int(m[7]), "dyn_smem_bytes": int(m[8])}
-        for m in _THUNK.finditer(text)
-    }
+    return {m[1]: {"grid": [int(m[2]), int(m[3]), int(m[4])],
+                   "threads": int(m[5]) * int(m[6]) * int(m[7]), "dyn_smem_bytes": int(m[8])}
+            for m in _THUNK.finditer(text)}
 
 
 def ptx_features(ptx: str) -> dict[str, int]:
@@ -248,17 +243,6 @@ def kernel_problems(kernel: dict[str, Any], smem_limit: int) -> list[str]:
     return out
 
 
-def _kernel_ptx(dump_dir: str) -> dict[str, str]:
-    """{kernel entry name: PTX text} over the dump's .ptx files."""
-    out = {}
-    for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))):
-        with open(path) as f:
-            text = f.read()
-        for name in re.findall(r"\.entry (\w+)\(", text):
-            out[name] = text
-    return out
-
-
 def kernel_report(fn: Callable, *args: Any, target: str,
                   kernel_filter: Callable[[str], bool] | None = None) -> dict[str, dict[str, Any]]:
     """Compile jitted `fn(*args)` for a GPU target and report each kernel.
@@ -277,9 +261,8 @@ def kernel_report(fn: Callable, *args: Any, target: str,
         return report_from_dump(dump_dir, target, kernel_filter)
 
 
-def report_from_dump(
-    dump_dir: str, target: str, kernel_filter: Callable[[str], bool] | None = None,
-) -> dict[str, dict[str, Any]]:
+def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], bool] | None = None
+                     ) -> dict[str, dict[str, Any]]:
     """`kernel_report`'s analysis of an existing `xla_dump_to` directory of a GPU compile:
     ptxas -v on each emitted kernel's PTX, launch shape from the thunk sequence, PTX features
     and occupancy. Kernels failing `kernel_filter` (default: none fail) are left out."""
@@ -288,9 +271,14 @@ def report_from_dump(
     for path in glob.glob(os.path.join(dump_dir, "*thunk_sequence.txt")):
         with open(path) as f:
             thunks.update(parse_thunks(f.read()))
+    ptx_of = {}  # kernel entry name -> the PTX module defining it
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))):
+        with open(path) as f:
+            text = f.read()
+        ptx_of.update(dict.fromkeys(re.findall(r"\.entry (\w+)\(", text), text))
     ptxas = ptxas_path()
     report = {}
-    for name, ptx in _kernel_ptx(dump_dir).items():
+    for name, ptx in ptx_of.items():
         if kernel_filter is not None and not kernel_filter(name):
             continue
         k = _ptxas_report(ptxas, tgt, name, ptx, dump_dir)

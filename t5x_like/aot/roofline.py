@@ -232,8 +232,7 @@ class _Walk:
                 trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
                 body = re.search(r"body=%([\w.\-]+)", attrs)
                 if body:
-                    self.computation(body.group(1),
-                                     times * (int(trips.group(1)) if trips else 1))
+                    self.computation(body.group(1), times * (int(trips.group(1)) if trips else 1))
                 continue
             if opcode in ("call", "conditional", "async-start", "async-done"):
                 called = re.search(r"(?:to_apply|calls)=%([\w.\-]+)", attrs)

@@ -17,7 +17,6 @@ import dataclasses
 import gzip
 import math
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -57,14 +56,6 @@ class Target:
         return str(self.devices[0].device_kind)
 
 
-def _gpu_name(name: str) -> tuple[str, int]:
-    """'8xh100' -> ('h100', 8); 'h100' -> ('h100', 1)."""
-    m = re.fullmatch(r"(?:(\d+)\s*x\s*)?([a-z0-9_-]+)", name.strip().lower())
-    if not m:
-        raise TargetError(f"target {name!r}: expected e.g. 'h100', '8xh100', 'v5p-128', 'cpu:8'")
-    return m.group(2), int(m.group(1) or 1)
-
-
 def _cpu_target(name: str) -> Target:
     import jax
 
@@ -97,7 +88,10 @@ def _tpu_target(name: str) -> Target:
 def _gpu_target(name: str) -> Target:
     from t5x_like.aot import gpu
 
-    gpu_name, count = _gpu_name(name)
+    m = re.fullmatch(r"(?:(\d+)\s*x\s*)?([a-z0-9_-]+)", name.strip().lower())  # '8xh100'
+    if not m:
+        raise TargetError(f"target {name!r}: expected e.g. 'h100', '8xh100', 'v5p-128', 'cpu:8'")
+    gpu_name, count = m.group(2), int(m.group(1) or 1)
     try:
         spec = gpu.gpu_target(gpu_name)
     except ValueError as err:
@@ -149,46 +143,41 @@ class Run:
     state: Any  # train_state.ShardedState
 
 
-def _gin(key: str, default: Any = None, **kwargs: Any) -> Any:
-    from t5x_like import plan
-
-    return plan.gin_value(key, default, **kwargs)
-
-
 def build_run(target: Target) -> Run:
     """The model / optimizer / mesh / sharded state `train` builds from the parsed gin config,
     the mesh shape evaluated for the target's device count (a gin reference such as
     `@fsdp_tp_mesh_shape()` sees the target's devices and devices per host, not this host's)."""
+    from t5x_like import plan
     from t5x_like.models import TransformerConfig, make_model
     from t5x_like.train import partitioning, train_state
     from t5x_like.train.optimizers import create_optimizer
 
-    lengths = _gin("train.sequence_length")
+    lengths = plan.gin_value("train.sequence_length")
     if lengths is None:
         raise ValueError("no sequence length: bind train.sequence_length (e.g. --gin_file="
                          "gin/runs/pretrain.gin)")
-    model = _gin("train.model") or make_model()
+    model = plan.gin_value("train.model") or make_model()
     config = getattr(model, "config", None) or TransformerConfig()
-    optimizer = _gin("train.optimizer") or create_optimizer()
+    optimizer = plan.gin_value("train.optimizer") or create_optimizer()
     n = target.num_devices
-    shape = _gin("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
-                 devices_per_host=min(target.devices_per_host, n))
+    shape = plan.gin_value("create_mesh.mesh_shape", (-1, 1, 1), num_devices=n,
+                           devices_per_host=min(target.devices_per_host, n))
     mesh = partitioning.create_mesh(tuple(shape), devices=list(target.devices))
-    preset = _gin("logical_axis_rules.preset", "fsdp")
+    preset = plan.gin_value("logical_axis_rules.preset", "fsdp")
     rules = partitioning.logical_axis_rules(preset)
-    batch_size = int(_gin("train.batch_size", 128))
+    batch_size = int(plan.gin_value("train.batch_size", 128))
     shards = partitioning.batch_shard_count(mesh, rules)
-    mb = int(_gin("train.num_microbatches", 1))
+    mb = int(plan.gin_value("train.num_microbatches", 1))
     if batch_size % (shards * mb):
         raise ValueError(f"train.batch_size={batch_size} not divisible by the {shards} batch "
                          f"shards x {mb} microbatches of {partitioning.describe(mesh)}")
-    pack = bool(_gin("train.pack", True))
+    pack = bool(plan.gin_value("train.pack", True))
     state = train_state.sharded_state(
         model, optimizer, model.example_batch(shards, lengths, packed=pack), mesh, rules)
     return Run(model=model, config=config, optimizer=optimizer,
-               optimizer_name=str(_gin("create_optimizer.name", "adafactor")),
+               optimizer_name=str(plan.gin_value("create_optimizer.name", "adafactor")),
                batch_size=batch_size, sequence_length=dict(lengths), pack=pack,
-               num_microbatches=mb, on_nonfinite=str(_gin("train.on_nonfinite", "stop")),
+               num_microbatches=mb, on_nonfinite=str(plan.gin_value("train.on_nonfinite", "stop")),
                mesh=mesh, rules=rules, preset=preset, state=state)
 
 
@@ -289,53 +278,48 @@ def compile_step(run: Run, target: Target, which: str, out: Callable[[str], None
     out(f"[aot] {which} step traced + lowered in {t1 - t0:.1f} s; compiling for "
         f"{target.num_devices} x {target.device_kind} ...")
     report: dict[str, Any] = {"step": which, "lower_s": round(t1 - t0, 1)}
-    options = dict(compiler_options or {})
-    dump = None
-    if target.platform == "cuda" and run.config.attention_impl == "pallas":  # kernels' PTX
-        dump = options["xla_dump_to"] = tempfile.mkdtemp(prefix="t5x_like_aot_dump_")
-    try:
-        with heartbeat(f"compiling {which} step", out):
-            compiled = lowered.compile(compiler_options=options or None)
-    except Exception as err:  # noqa: BLE001 - the compiler's verdict is the report
-        if dump:
-            shutil.rmtree(dump, ignore_errors=True)
-        msg = " ".join(str(err).split())
-        report.update(compiled=False, compile_s=round(time.monotonic() - t1, 1),
-                      error=f"{type(err).__name__}: {msg[:4000]}",
-                      fits=False if _OOM.search(msg) else None)
-        if "Couldn't find output tile sizes" in msg:
-            report["hint"] = ("XLA:GPU's Triton GEMM tiling failed on this dot (seen deviceless "
-                              "with jax 0.10.2 on T5 train steps); retry with --xla_option "
-                              "xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs)")
-            out(f"[aot] hint: {report['hint']}")
-        needed = _OOM_TEMP.search(msg)
-        if needed:  # XLA:TPU names what the temporaries would need: calibrates suggestions
-            report["oom_temp_bytes"] = int(float(needed.group(1)) * _UNITS[needed.group(2)])
-        out(f"[aot] {which} step FAILED to compile after {report['compile_s']} s")
-        return report
-    report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
-    report.update(compiled_report(compiled, target.hbm_bytes))
-    # the train step's roofline model, on the GPUs `roofline.DEVICES` is calibrated for
-    kind = target.device_kind.lower() if target.platform == "cuda" and which == "train" else ""
-    device = next((name for name in roofline.DEVICES if name in kind), None)
-    text = compiled.as_text() if hlo_out or device else ""
-    if hlo_out:
-        with gzip.open(hlo_out, "wt") as f:
-            f.write(text)
-    if device:
-        flops = (run.model.flops_per_sequence(run.sequence_length) * run.batch_size
-                 / target.num_devices)
-        report["step_model"] = roofline.step_model(text, device=device, model_flops=flops,
-                                                   top=8)
-    out(f"[aot] {which} step compiled in {report['compile_s']} s")
-    if dump:  # the Pallas (Triton) kernels' ptxas report, as `gpu.kernel_report` gives it
-        from t5x_like.aot import gpu
-
+    pallas_gpu = target.platform == "cuda" and run.config.attention_impl == "pallas"
+    with (tempfile.TemporaryDirectory(prefix="t5x_like_aot_dump_", ignore_cleanup_errors=True)
+          if pallas_gpu else contextlib.nullcontext()) as dump:  # the kernels' PTX
+        options = {**(compiler_options or {}), **({"xla_dump_to": dump} if dump else {})}
         try:
-            report["kernels"] = gpu.report_from_dump(dump, _gpu_name(target.name)[0],
+            with heartbeat(f"compiling {which} step", out):
+                compiled = lowered.compile(compiler_options=options or None)
+        except Exception as err:  # noqa: BLE001 - the compiler's verdict is the report
+            msg = " ".join(str(err).split())
+            report.update(compiled=False, compile_s=round(time.monotonic() - t1, 1),
+                          error=f"{type(err).__name__}: {msg[:4000]}",
+                          fits=False if _OOM.search(msg) else None)
+            if "Couldn't find output tile sizes" in msg:
+                report["hint"] = ("XLA:GPU's Triton GEMM tiling failed on this dot (seen "
+                                  "deviceless with jax 0.10.2 on T5 train steps); retry with "
+                                  "--xla_option xla_gpu_enable_triton_gemm=false (cuBLAS GEMMs)")
+                out(f"[aot] hint: {report['hint']}")
+            needed = _OOM_TEMP.search(msg)
+            if needed:  # XLA:TPU names what the temporaries would need: calibrates suggestions
+                report["oom_temp_bytes"] = int(float(needed.group(1)) * _UNITS[needed.group(2)])
+            out(f"[aot] {which} step FAILED to compile after {report['compile_s']} s")
+            return report
+        report.update(compiled=True, compile_s=round(time.monotonic() - t1, 1))
+        report.update(compiled_report(compiled, target.hbm_bytes))
+        # the train step's roofline model, on the GPUs `roofline.DEVICES` is calibrated for
+        kind = target.device_kind.lower() if target.platform == "cuda" and which == "train" else ""
+        device = next((name for name in roofline.DEVICES if name in kind), None)
+        text = compiled.as_text() if hlo_out or device else ""
+        if hlo_out:
+            with gzip.open(hlo_out, "wt") as f:
+                f.write(text)
+        if device:
+            flops = (run.model.flops_per_sequence(run.sequence_length) * run.batch_size
+                     / target.num_devices)
+            report["step_model"] = roofline.step_model(text, device=device, model_flops=flops,
+                                                       top=8)
+        out(f"[aot] {which} step compiled in {report['compile_s']} s")
+        if dump:  # the Pallas (Triton) kernels' ptxas report, as `gpu.kernel_report` gives it
+            from t5x_like.aot import gpu
+
+            report["kernels"] = gpu.report_from_dump(dump, target.arch,
                                                      kernel_filter=lambda name: "flash" in name)
-        finally:
-            shutil.rmtree(dump, ignore_errors=True)
     return report
 
 
@@ -375,32 +359,25 @@ def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
                        optimizer=run.optimizer, num_microbatches=run.num_microbatches,
                        packed=run.pack,
                        device_memory_gb=None if hbm_bytes is None else hbm_bytes / GIB)
-    b, remat = result["bytes_per_device"], result["remat"]
-    keys = ("params", "optimizer_state", "gradients", "gathered_weights", "activations",
-            "logits_gradient", "temp", "total")
+    remat = result["remat"]
     return {
         "remat": remat,
         "num_params": result["num_params"],
         "per_device_batch": result["per_device_batch"],
-        # the parts that depend on the remat policy, at the planned one
-        "bytes_per_device": {k: b[k][remat] if k in ("activations", "temp", "total") else b[k]
-                             for k in keys},
+        # the parts that depend on the remat policy ({policy: bytes}), at the planned one
+        "bytes_per_device": {k: v[remat] if isinstance(v, dict) else v
+                             for k, v in result["bytes_per_device"].items()},
         "flops_per_device": result["flops_per_device_per_step"]
         + result["recompute_flops_per_step"][remat] / result["num_devices"],
     }
 
 
-def batch_bytes_per_device(run: Run) -> int:
-    """Bytes of one device's shard of the global batch."""
-    return sum(math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize
-               for v in abstract_batch(run).values())
-
-
-def compare(plan_est: Mapping[str, Any], train: Mapping[str, Any],
-            batch_bytes: int) -> dict[str, float]:
-    """Planner / compiler ratios: state (params + optimizer vs arguments - batch), temp (the
-    planner's temporaries vs XLA's), total (vs peak), flops."""
+def compare(run: Run, plan_est: Mapping[str, Any], train: Mapping[str, Any]) -> dict[str, float]:
+    """Planner / compiler ratios: state (params + optimizer vs arguments - the device's batch
+    shard), temp (the planner's temporaries vs XLA's), total (vs peak), flops."""
     pb, xb = plan_est["bytes_per_device"], train["bytes_per_device"]
+    batch_bytes = sum(math.prod(v.sharding.shard_shape(v.shape)) * v.dtype.itemsize
+                      for v in abstract_batch(run).values())
     out = {
         "state": (pb["params"] + pb["optimizer_state"]) / max(xb["argument"] - batch_bytes, 1),
         "temp": pb["temp"] / max(xb["temp"], 1),
@@ -545,8 +522,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
         report["plan"] = planner_estimate(run, target.hbm_bytes)
         out(f"[aot] planner estimate in {time.monotonic() - t0:.1f} s")
         if train and train.get("compiled"):
-            report["plan_over_compiler"] = compare(report["plan"], train,
-                                                   batch_bytes_per_device(run))
+            report["plan_over_compiler"] = compare(run, report["plan"], train)
     verdicts = [s.get("fits") for s in report["steps"].values()]
     report["compiled"] = all(s.get("compiled") for s in report["steps"].values())
     report["fits"] = (False if False in verdicts else None if None in verdicts else True)

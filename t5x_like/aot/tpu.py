@@ -145,12 +145,8 @@ def target_devices(name: str | TpuTarget, num_slices: int = 1) -> list:
     from jax.experimental import topologies
 
     topo = topologies.get_topology_desc(
-        topology_name=target.topology,
-        platform="tpu",
-        chip_config_name=target.chip_config,
-        chips_per_host_bounds=target.chips_per_host_bounds,
-        num_slices=target.num_slices,
-    )
+        topology_name=target.topology, platform="tpu", chip_config_name=target.chip_config,
+        chips_per_host_bounds=target.chips_per_host_bounds, num_slices=target.num_slices)
     devices = list(topo.devices)
     if len(devices) != target.num_chips:
         raise RuntimeError(f"{target.describe()}: libtpu returned {len(devices)} devices")

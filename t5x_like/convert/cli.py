@@ -60,9 +60,8 @@ def read_tree(path: str) -> Any:
                               "(.npz, .msgpack, .safetensors or an orbax directory)")
     if not os.path.isdir(path):
         raise ConversionError(f"no such file or directory: {path!r}")
-    if os.path.exists(os.path.join(path, "checkpoint")) and not os.path.exists(
-        os.path.join(path, "_METADATA")
-    ):
+    if (os.path.exists(os.path.join(path, "checkpoint"))
+            and not os.path.exists(os.path.join(path, "_METADATA"))):
         raise ConversionError(f"{path!r} looks like a legacy T5X tensorstore checkpoint; "
                               "restore it with T5X and save its 'target' with orbax first")
     return _restore_numpy(find_state_dir(path))
@@ -145,8 +144,11 @@ def output_vocabulary(args: argparse.Namespace, bound: str | None) -> str | None
     """The vocabulary `--to ours` writes (see the module docstring), or None for
     `--vocabulary none`; ConversionError when nothing names one."""
     name = args.vocabulary
-    if name is None and args.source == "hf":
-        name = hf_vocabulary(args.input)
+    if name is None and args.source == "hf":  # the SentencePiece model T5 checkpoints ship
+        folder = (args.input if os.path.isdir(args.input)
+                  else os.path.dirname(os.path.abspath(args.input)))
+        spiece = os.path.join(folder, HF_SENTENCEPIECE)
+        name = spiece if os.path.isfile(spiece) else None
     name = name or bound
     if name is None:
         where = ("it has no spiece.model beside it and " if args.source == "hf" else "")
@@ -159,25 +161,7 @@ def output_vocabulary(args: argparse.Namespace, bound: str | None) -> str | None
     return None if name == NO_VOCABULARY else name
 
 
-def check_vocabulary(name: str, config: TransformerConfig) -> None:
-    """The vocabulary loads (T5's special ids) and fits the embedding; ConversionError if not."""
-    from t5x_like import infer
-
-    try:
-        infer.check_vocabulary(name, config.vocab_size,
-                               fix="pass --vocabulary=NAME_OR_PATH, the one it was trained with")
-    except infer.InferenceError as err:
-        raise ConversionError(str(err)) from err
-
-
-def hf_vocabulary(source: str) -> str | None:
-    """The SentencePiece model (`spiece.model`, as T5 checkpoints ship it) beside an HF input."""
-    folder = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
-    path = os.path.join(folder, HF_SENTENCEPIECE)
-    return path if os.path.isfile(path) else None
-
-
-def write_tree(tree: dict[str, Any], path: str) -> str:
+def write_tree(tree: dict[str, Any], path: str) -> None:
     """Writes a nested tree as `.npz` ('/' paths), `.msgpack` or an orbax PyTree dir."""
     if path.endswith(".npz"):
         np.savez(path, **param_tree.flatten(tree))
@@ -192,7 +176,6 @@ def write_tree(tree: dict[str, Any], path: str) -> str:
         if os.path.exists(path):
             raise ConversionError(f"{path!r} exists; choose a new output path")
         ocp.PyTreeCheckpointer().save(os.path.abspath(path), tree)
-    return path
 
 
 def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
@@ -216,8 +199,14 @@ def convert(args: argparse.Namespace, gin_bindings: Sequence[str]) -> str:
         else:
             config = interop.config_from_t5x(tree, scan_axis=axis, **bound)
         params = interop.from_t5x(tree, config, scan_axis=axis)
-    if vocabulary is not None:  # --to ours: before anything is written
-        check_vocabulary(vocabulary, config)
+    if vocabulary is not None:  # --to ours: it loads and fits, before anything is written
+        from t5x_like import infer
+
+        try:
+            infer.check_vocabulary(vocabulary, config.vocab_size, fix="pass --vocabulary="
+                                   "NAME_OR_PATH, the one it was trained with")
+        except infer.InferenceError as err:
+            raise ConversionError(str(err)) from err
     out = args.output
     if args.target == "hf":
         interop.save_hf(config, params, out)
@@ -266,7 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 on a conversion error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     bindings = list(args.gin_binding)

@@ -8,15 +8,14 @@
 - `from_hf(source) -> (config, params)`, `to_hf(config, params) -> state_dict`, `hf_config`,
   `save_hf`, `load_hf`, `to_hf_model`: `T5ForConditionalGeneration` (t5 / mt5: v1.0 ReLU + tied
   rescaled head, v1.1 gated-GELU + untied head) and `LlamaForCausalLM` (RMSNorm, SwiGLU, RoPE
-  in HF's rotate-half layout, which is ours, GQA). `source` is a torch model, a state dict
-  (torch or numpy) plus its config, a directory holding `config.json` + safetensors, or a
-  `.safetensors` file.
+  in HF's rotate-half layout, which is ours, GQA).
 
 torch / transformers / safetensors are imported lazily (test-only dependencies).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -29,10 +28,8 @@ from t5x_like.convert import param_tree
 from t5x_like.convert.param_tree import ConversionError
 from t5x_like.models.config import TransformerConfig
 
-__all__ = [
-    "ConversionError", "config_from_hf", "config_from_t5x", "from_hf", "from_t5x", "hf_config",
-    "load_hf", "save_hf", "to_hf", "to_hf_model", "to_t5x",
-]
+__all__ = ["ConversionError", "config_from_hf", "config_from_t5x", "from_hf", "from_t5x",
+           "hf_config", "load_hf", "save_hf", "to_hf", "to_hf_model", "to_t5x"]
 
 Params = dict[str, Any]
 HF_T5_TYPES = ("t5", "mt5")
@@ -341,8 +338,6 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
 # --- Hugging Face: weights -----------------------------------------------------------------
 def _require(module: str):
     """Imports an optional (test-only) dependency, with an actionable error when missing."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -380,8 +375,7 @@ def load_hf(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if os.path.isdir(path):
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
-            with open(index, encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
+            files = sorted(set(_config_dict(index)["weight_map"].values()))
         elif os.path.exists(os.path.join(path, "model.safetensors")):
             files = ["model.safetensors"]
         else:
@@ -433,8 +427,7 @@ def from_hf(source: Any, hf_config: Any = None,
         _pop_tied(state, _t5_tied(config), "shared.weight")
         # Unused table some old checkpoints carry (HF ignores it too).
         state.pop("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight", None)
-        if not config.logits_via_embedding and "lm_head.weight" not in state:
-            # untied config, head stored once (tied files)
+        if not config.logits_via_embedding and "lm_head.weight" not in state:  # stored once
             state["lm_head.weight"] = state["shared.weight"]
         names = _t5_names(config)
     else:

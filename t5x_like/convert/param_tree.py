@@ -30,12 +30,9 @@ from t5x_like.models.config import TransformerConfig
 Flat = dict[str, np.ndarray]
 
 # Shared encoder-decoder: canonical encoder sub-module -> the decoder sub-module it reuses.
-SHARED_LAYER_NAMES = {
-    "pre_attention_layer_norm": "pre_self_attention_layer_norm",
-    "attention": "self_attention",
-    "pre_mlp_layer_norm": "pre_mlp_layer_norm",
-    "mlp": "mlp",
-}
+SHARED_LAYER_NAMES = {"pre_attention_layer_norm": "pre_self_attention_layer_norm",
+                      "attention": "self_attention", "pre_mlp_layer_norm": "pre_mlp_layer_norm",
+                      "mlp": "mlp"}
 SHARED_STACK_NAMES = {"relpos_bias": "encoder_relpos_bias", "encoder_norm": "encoder_norm"}
 _SCANNED = re.compile(r"^(encoder|decoder)/layers/(.+)$")
 _LAYER = re.compile(r"^(encoder|decoder)/layers_(\d+)/(.+)$")

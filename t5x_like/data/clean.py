@@ -73,10 +73,8 @@ class CleanStats:
     removed_duplicate_sentences: int = 0
 
     def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["dropped_docs"] = dict(sorted(self.dropped_docs.items()))
-        d["dropped_lines"] = dict(sorted(self.dropped_lines.items()))
-        return d
+        return {**dataclasses.asdict(self), "dropped_docs": dict(sorted(self.dropped_docs.items())),
+                "dropped_lines": dict(sorted(self.dropped_lines.items()))}
 
     def summary(self) -> str:
         lines = [f"documents: {self.input_docs} in, {self.kept_docs} kept, "
@@ -257,7 +255,8 @@ def read_documents(paths: Iterable[str | os.PathLike],
             yield str(record.get("id", f"{path}:{lineno}")), record["text"]
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; prints the kept/dropped summary. Returns the exit status."""
     p = argparse.ArgumentParser(
         prog="python -m t5x_like.data.clean",
         description="C4-style cleaning of text files (one document per file) or JSONL "
@@ -275,16 +274,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="keep lines mentioning cookies / privacy policies / terms of use")
     p.add_argument("--encoding_errors", choices=("strict", "replace"), default="strict",
                    help="'strict' stops at the first non-UTF-8 byte; 'replace' uses U+FFFD")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; prints the kept/dropped summary. Returns the exit status."""
-    args = _parse_args(argv)
+    args = p.parse_args(argv)
     config = CleanConfig(min_words_per_line=args.min_words_per_line,
                          min_sentences=args.min_sentences, max_word_length=args.max_word_length,
-                         dedupe_span=args.dedupe_span,
-                         drop_policy_lines=not args.keep_policy_lines)
+                         dedupe_span=args.dedupe_span, drop_policy_lines=not args.keep_policy_lines)
     stats = CleanStats()
     out = Path(args.output)
     try:

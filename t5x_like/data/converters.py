@@ -64,12 +64,10 @@ def _assign_rows(lengths, caps, fill, nseg, row_of_bin, next_row):
         return (i + 1, fill, nseg, row_of_bin, next_row,
                 rows.write(i, row), offsets.write(i, start), segments.write(i, seg))
 
-    init = (
-        tf.constant(0), fill, nseg, row_of_bin, next_row,
-        tf.TensorArray(tf.int32, size=num_examples, element_shape=[]),
-        tf.TensorArray(tf.int32, size=num_examples, element_shape=[None]),
-        tf.TensorArray(tf.int32, size=num_examples, element_shape=[]),
-    )
+    init = (tf.constant(0), fill, nseg, row_of_bin, next_row,
+            tf.TensorArray(tf.int32, size=num_examples, element_shape=[]),
+            tf.TensorArray(tf.int32, size=num_examples, element_shape=[None]),
+            tf.TensorArray(tf.int32, size=num_examples, element_shape=[]))
     _, fill, nseg, row_of_bin, num_rows, rows, offsets, segments = tf.while_loop(
         lambda i, *_: i < num_examples, body, init)
     offsets = tf.reshape(offsets.stack(), tf.shape(lengths))
@@ -85,8 +83,7 @@ def _pack_step(keys: list[str], caps: list[int], names: list[str], bins: int
     def step(state, batch):
         rows, offsets, segments, num_rows, fill, nseg, row_of_bin = _assign_rows(
             batch["_lengths"], tf.constant(caps, tf.int32), state["fill"], state["nseg"],
-            tf.where(state["open"], tf.range(bins), -1), tf.constant(bins),
-        )
+            tf.where(state["open"], tf.range(bins), -1), tf.constant(bins))
         # Rows 0..bins-1 are the carried open rows; this window's new rows follow.
         dense = {}
         for j, (k, cap) in enumerate(zip(keys, caps, strict=True)):
@@ -96,11 +93,8 @@ def _pack_step(keys: list[str], caps: list[int], names: list[str], bins: int
             index = tf.stack(
                 [tf.broadcast_to(rows[:, None], shape), offsets[:, j : j + 1] + position], axis=-1)
             index = tf.boolean_mask(index, valid)
-            values = {
-                k: batch[k],
-                f"{k}_segment_ids": tf.broadcast_to(segments[:, None], shape),
-                f"{k}_positions": tf.broadcast_to(position, shape),
-            }
+            values = {k: batch[k], f"{k}_segment_ids": tf.broadcast_to(segments[:, None], shape),
+                      f"{k}_positions": tf.broadcast_to(position, shape)}
             for name, value in values.items():
                 carried = tf.pad(state[name], [[0, num_rows - bins], [0, 0]])
                 dense[name] = carried + tf.scatter_nd(
@@ -226,11 +220,9 @@ def get_feature_converter(model_family: str, *, has_inputs: bool = True, pack: b
     cls = _CONVERTERS.get((model_family, has_inputs))
     if cls is None:
         raise ValueError(
-            f"model_family={model_family!r} needs a task with inputs; this task has only "
-            "'targets' (a plain language-modelling task). Use "
-            f"model_family={families.DECODER_ONLY.name!r}, or "
-            "the prefix_lm objective for an inputs/targets split."
-        )
+            f"model_family={model_family!r} needs a task with inputs; this task has only 'targets' "
+            f"(a plain language-modelling task). Use model_family={families.DECODER_ONLY.name!r}, "
+            "or the prefix_lm objective for an inputs/targets split.")
     # seqio's per-example length assertions are redundant here (tasks trim to the lengths and
     # packing/padding fix the shapes) and cost ~0.1 ms per example, so they are off.
     return cls(pack=pack, apply_length_check=False)

@@ -17,6 +17,7 @@ build inputs. TensorFlow and SeqIO are imported inside the functions that need t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import email
 import email.policy
@@ -86,17 +87,14 @@ class _HtmlText(html.parser.HTMLParser):
         self.parts: list[str] = []
         self._skip = 0
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag, attrs, delta=1):
         if tag in self._SKIP:
-            self._skip += 1
+            self._skip = max(0, self._skip + delta)
         elif tag in self._BLOCK:
             self.parts.append("\n\n")
 
     def handle_endtag(self, tag):
-        if tag in self._SKIP:
-            self._skip = max(0, self._skip - 1)
-        elif tag in self._BLOCK:
-            self.parts.append("\n\n")
+        self.handle_starttag(tag, None, -1)
 
     def handle_data(self, data):
         if not self._skip:
@@ -216,13 +214,9 @@ def corpus_dir(data_dir: str | os.PathLike | None = None) -> Path:
 
 def fingerprint() -> str:
     """Hash of everything the corpus content depends on (sources, cleaner, split, layout)."""
-    spec = {
-        "version": CORPUS_VERSION,
-        "assets": {s: assets.ASSETS[s].sha256 for s in SOURCES},
-        "clean": repr(CLEAN_CONFIG),
-        "validation_percent": VALIDATION_PERCENT,
-        "shards": NUM_SHARDS,
-    }
+    spec = {"version": CORPUS_VERSION, "assets": {s: assets.ASSETS[s].sha256 for s in SOURCES},
+            "clean": repr(CLEAN_CONFIG), "validation_percent": VALIDATION_PERCENT,
+            "shards": NUM_SHARDS}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -281,7 +275,7 @@ def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dic
         spm_file = assets.fetch("c4_32k_spm", data_dir, log=log)
         sp = spm.SentencePieceProcessor(model_file=str(spm_file))
         dedup = clean.SpanDeduplicator(CLEAN_CONFIG.dedupe_span)
-        splits = {s: {"documents": 0, "characters": 0, "words": 0, "c4_32k_tokens": 0}
+        splits = {s: collections.Counter(documents=0, characters=0, words=0, c4_32k_tokens=0)
                   for s in NUM_SHARDS}
         per_source = {}
         try:
@@ -295,11 +289,8 @@ def build_corpus(data_dir: str | os.PathLike | None = None, *, log=print) -> dic
                     split = split_of(doc_id)
                     writers[split][_shard_of(doc_id, NUM_SHARDS[split])].write(
                         _example(doc_id, source, text))
-                    s = splits[split]
-                    s["documents"] += 1
-                    s["characters"] += len(text)
-                    s["words"] += len(text.split())
-                    s["c4_32k_tokens"] += n_tokens
+                    splits[split].update(documents=1, characters=len(text),
+                                         words=len(text.split()), c4_32k_tokens=n_tokens)
                 per_source[source] = stats.as_dict()
                 log(f"[corpus] {source}: {stats.input_docs} documents in, "
                     f"{stats.kept_docs} kept")

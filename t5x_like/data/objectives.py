@@ -61,7 +61,8 @@ class VocabInfo:
 
 
 # ----------------------------------------------------------------------------- transforms
-# Each is a TransformFn (output before EOS); `Transform.length` gives its output length.
+# Each is a TransformFn (output before EOS; one that ignores its trailing arguments takes `*_`);
+# `Transform.length` gives its output length.
 def _runs_to_sentinels(tokens: tf.Tensor, runs: tf.Tensor, keep: tf.Tensor,
                        vocab: VocabInfo) -> tf.Tensor:
     """Each run of True in `runs` -> one sentinel (<extra_id_0>, <extra_id_1>, ... in order) in
@@ -73,9 +74,8 @@ def _runs_to_sentinels(tokens: tf.Tensor, runs: tf.Tensor, keep: tf.Tensor,
 
 
 def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
-                                  seed: tf.Tensor) -> tf.Tensor:
+                                  *_: object) -> tf.Tensor:
     """Each run of noise tokens -> one sentinel (<extra_id_0>, <extra_id_1>, ... in order)."""
-    del seed
     return _runs_to_sentinels(tokens, noise_mask, tf.logical_not(noise_mask), vocab)
 
 
@@ -95,9 +95,8 @@ def nonnoise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, v
 
 
 def noise_token_to_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
-                            seed: tf.Tensor) -> tf.Tensor:
+                            *_: object) -> tf.Tensor:
     """Every noise token -> the mask token <extra_id_0> (MASS-style)."""
-    del seed
     return tf.where(noise_mask, vocab.sentinel(tf.zeros_like(tokens)), tokens)
 
 
@@ -119,17 +118,13 @@ def noise_token_to_random_token_or_sentinel(tokens: tf.Tensor, noise_mask: tf.Te
     return tf.where(to_random, random_tokens, out)
 
 
-def drop_noise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
-                      seed: tf.Tensor) -> tf.Tensor:
+def drop_noise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, *_: object) -> tf.Tensor:
     """Keep only the non-noise tokens (i.i.d. drop inputs; the prefix of prefix LM)."""
-    del vocab, seed
     return tf.boolean_mask(tokens, tf.logical_not(noise_mask))
 
 
-def drop_nonnoise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
-                         seed: tf.Tensor) -> tf.Tensor:
+def drop_nonnoise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, *_: object) -> tf.Tensor:
     """Keep only the noise tokens (i.i.d. drop targets; the suffix of prefix LM)."""
-    del vocab, seed
     return tf.boolean_mask(tokens, noise_mask)
 
 
@@ -143,10 +138,8 @@ def permute_noise_tokens(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabI
     return tf.tensor_scatter_nd_update(tokens, positions, tf.gather(values, order))
 
 
-def identity(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab: VocabInfo,
-             seed: tf.Tensor) -> tf.Tensor:
+def identity(tokens: tf.Tensor, *_: object) -> tf.Tensor:
     """The original chunk (targets of BERT/MASS/deshuffling, full LM)."""
-    del noise_mask, vocab, seed
     return tokens
 
 
@@ -207,8 +200,7 @@ class Objective:
         for name in (self.inputs_transform, self.targets_transform):
             if name is not None and name not in TRANSFORMS:
                 raise ValueError(
-                    f"Unknown transform {name!r}; expected one of {sorted(TRANSFORMS)}."
-                )
+                    f"Unknown transform {name!r}; expected one of {sorted(TRANSFORMS)}.")
         if kind.needs_density and not 0 < (self.noise_density or 0) < 1:
             raise ValueError(f"mask {self.mask!r} needs 0 < noise_density < 1.")
 
@@ -268,9 +260,8 @@ class Objective:
                 high = minimum(high, budget - a * t - c)
         return low, high
 
-    def max_lengths(
-        self, t: int, sequence_length: Mapping[str, int], num_prefix: int = 0
-    ) -> tuple[int, int]:
+    def max_lengths(self, t: int, sequence_length: Mapping[str, int],
+                    num_prefix: int = 0) -> tuple[int, int]:
         """Largest (inputs, targets) lengths, EOS and prefix included, of a chunk of length t."""
         budgets = self._budgets(sequence_length, num_prefix)
         profiles = self._profiles(t, budgets)
@@ -301,16 +292,12 @@ class Objective:
             limit = max(sequence_length["inputs"] - num_prefix, sequence_length["targets"]) - 2
         else:
             limit = sum(sequence_length.values())
-        best = 0
-        for t in range(1, limit + 1):
-            if not self._fits(t, sequence_length, num_prefix):
-                break
-            best = t
+        best = next((t - 1 for t in range(1, limit + 1)
+                     if not self._fits(t, sequence_length, num_prefix)), max(limit, 0))
         if best < 1 or (self.raw_length is not None and best < self.raw_length):
             raise ValueError(
                 f"sequence_length {dict(sequence_length)} is too short for {self} "
-                f"(largest chunk that always fits: {best} tokens)."
-            )
+                f"(largest chunk that always fits: {best} tokens).")
         return best
 
 
@@ -330,9 +317,8 @@ def default_sequence_length(objective: Objective, inputs_length: int = 512) -> d
     return {"inputs": inputs_length, "targets": objective.max_lengths(raw, unbounded)[1]}
 
 
-def span_corruption_lengths(
-    inputs_length: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0
-) -> tuple[int, int]:
+def span_corruption_lengths(inputs_length: int, noise_density: float = 0.15,
+                            mean_noise_span_length: float = 3.0) -> tuple[int, int]:
     """T5's span-corruption arithmetic: inputs length -> (raw chunk length, targets length), at
     0.15 / 3: 512 -> (568, 114), 128 -> (141, 29), 256 -> (284, 58), 1024 -> (1137, 229)."""
     objective = Objective("random_spans", noise_density, mean_noise_span_length)
@@ -343,12 +329,8 @@ def span_corruption_lengths(
 
 # ----------------------------------------------------------------------------- preprocessors
 @gin.configurable(module="t5x_like.data", denylist=["dataset", "chunk_length", "key"])
-def split_into_chunks(
-    dataset: tf.data.Dataset,
-    chunk_length: int,
-    key: str = "targets",
-    documents_per_group: int = 128,
-) -> tf.data.Dataset:
+def split_into_chunks(dataset: tf.data.Dataset, chunk_length: int, key: str = "targets",
+                      documents_per_group: int = 128) -> tf.data.Dataset:
     """Concatenate groups of documents' `key` tokens and split them into chunks of chunk_length.
 
     {key: int32 [n]} documents -> {key: int32 [<= chunk_length]} examples. Every token lands in
@@ -388,10 +370,9 @@ def _apply_objective(chunk: tf.Tensor, seed: tf.Tensor, objective: Objective, vo
     min_noise, max_noise = 1, None
     if objective.bounded:
         min_noise, max_noise = objective._prefix_bounds(length, budgets, tf.maximum, tf.minimum)
-    mask = noise.noise_mask(
-        objective.mask, length, seeds[0], noise_density=objective.noise_density,
-        mean_noise_span_length=objective.mean_noise_span_length, min_noise=min_noise,
-        max_noise=max_noise)
+    mask = noise.noise_mask(objective.mask, length, seeds[0], noise_density=objective.noise_density,
+                            mean_noise_span_length=objective.mean_noise_span_length,
+                            min_noise=min_noise, max_noise=max_noise)
     eos = tf.constant([vocab.eos_id], tf.int32)
     targets = TRANSFORMS[objective.targets_transform].fn(chunk, mask, vocab, seeds[2])
     out = {"targets": tf.concat([targets, eos], axis=0), "noise_mask": mask}
@@ -410,20 +391,15 @@ def check_vocabulary(objective: Objective, vocabulary: seqio.Vocabulary) -> Voca
             f"The vocabulary {vocabulary} has no sentinel ids (extra_ids=0), but {objective} "
             "needs them. Build it with extra_ids=100, e.g. "
             "seqio.SentencePieceVocabulary(path, extra_ids=100) or "
-            "t5x_like.data.get_vocabulary(name)."
-        )
+            "t5x_like.data.get_vocabulary(name).")
     return info
 
 
 @gin.configurable(module="t5x_like.data",
                   denylist=["dataset", "sequence_length", "output_features"])
-def denoise(
-    dataset: tf.data.Dataset,
-    sequence_length: Mapping[str, int],
-    output_features: Mapping[str, seqio.Feature],
-    objective: Objective | None = None,
-    keep_noise_mask: bool = False,
-) -> tf.data.Dataset:
+def denoise(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+            output_features: Mapping[str, seqio.Feature], objective: Objective | None = None,
+            keep_noise_mask: bool = False) -> tf.data.Dataset:
     """seqio preprocessor: tokenized documents -> objective examples (see module docstring).
 
     `objective` defaults to `Objective()` built here, so gin bindings of `Objective.*` apply.
@@ -431,8 +407,7 @@ def denoise(
     Li], 'targets': int32 [<= Lt]} ({'targets'} only when inputs_transform is None), plus
     'noise_mask' bool [t] and 'chunk' int32 [t] when keep_noise_mask (for inspection).
     """
-    if objective is None:
-        objective = Objective()
+    objective = objective or Objective()
     if sequence_length is None:
         raise ValueError("Objectives need sequence_length to size their chunks.")
     vocabulary = output_features["targets"].vocabulary

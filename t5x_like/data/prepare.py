@@ -104,11 +104,6 @@ def _check_spm(root: Path) -> None:
     vocab.check_spm_model(assets.asset_path(SPM_ASSET, root))
 
 
-def _stale(steps: list[Step]) -> list[str]:
-    """The steps whose output is absent, stale or damaged (their checks only read)."""
-    return [name for name, current, _ in steps if not current()]
-
-
 # ----------------------------------------------------------------------------- errors
 def _how_to_build() -> str:
     return (f"build it where you can write with `python -m t5x_like.data.prepare --data_dir DIR` "
@@ -174,7 +169,7 @@ def prepare(data_dir: str | os.PathLike | None = None, *, force: bool = False,
     """
     root = assets.data_dir(data_dir)
     asset_steps, build_steps = _steps(root, log)
-    todo = _stale(asset_steps + build_steps)
+    todo = [name for name, current, _ in asset_steps + build_steps if not current()]
     if not todo and not force:
         _check_spm(root)
         return {name: _current_word(name) for name, _, _ in asset_steps + build_steps}

@@ -23,7 +23,7 @@ import seqio
 import tensorflow as tf
 
 from t5x_like import flags
-from t5x_like.data import objectives, tasks
+from t5x_like.data import objectives, tasks, tokenize
 from t5x_like.data.vocab import get_vocabulary
 
 
@@ -55,20 +55,6 @@ def _decode(vocabulary: seqio.Vocabulary, ids: list[int]) -> str:
     return text + (" </s>" if len(body) < len(ids) else "")
 
 
-def _pieces(vocabulary: seqio.Vocabulary, ids: list[int]) -> list[str]:
-    tokenizer = getattr(vocabulary, "tokenizer", None)
-    base = vocabulary.vocab_size - vocabulary.extra_ids
-    out = []
-    for i in ids:
-        if i >= base:
-            out.append(f"<extra_id_{vocabulary.vocab_size - 1 - i}>")
-        elif tokenizer is not None:
-            out.append(tokenizer.id_to_piece(int(i)))
-        else:
-            out.append(vocabulary.decode([int(i)]))
-    return out
-
-
 def _marked(vocabulary: seqio.Vocabulary, chunk: list[int], mask: list[bool]) -> str:
     """Decoded chunk with each run of noise tokens wrapped in [[ ]]."""
     parts = []
@@ -78,27 +64,18 @@ def _marked(vocabulary: seqio.Vocabulary, chunk: list[int], mask: list[bool]) ->
     return " ".join(p for p in parts if p)
 
 
-def preview_task(
-    task: str,
-    *,
-    vocabulary: str = tasks.DEFAULT_VOCABULARY,
-    num_examples: int = 3,
-    inputs_length: int = 64,
-    sequence_length: dict[str, int] | None = None,
-    split: str = "validation",
-    document: int = 0,
-    seed: int = 0,
-) -> list[Record]:
+def preview_task(task: str, *, vocabulary: str = tasks.DEFAULT_VOCABULARY, num_examples: int = 3,
+                 inputs_length: int = 64, sequence_length: dict[str, int] | None = None,
+                 split: str = "validation", document: int = 0, seed: int = 0) -> list[Record]:
     """The first `num_examples` examples the task makes from documents `document`, ... of
     `split` (a mixture: each of its tasks in turn). Lengths: `sequence_length`, else
     `objectives.default_sequence_length(objective, inputs_length)`."""
     provider = tasks.get_task(task)
     if isinstance(provider, seqio.Mixture):
-        names = [t.name for t in provider.tasks]
-        per_task = [preview_task(n, vocabulary=vocabulary, num_examples=1,
-                                 inputs_length=inputs_length, sequence_length=sequence_length,
-                                 split=split, document=document, seed=seed) for n in names]
-        return [r for records in per_task for r in records][:num_examples]
+        records = [r for t in provider.tasks for r in preview_task(
+            t.name, vocabulary=vocabulary, num_examples=1, inputs_length=inputs_length,
+            sequence_length=sequence_length, split=split, document=document, seed=seed)]
+        return records[:num_examples]
     objective = tasks.task_objective(task)
     if objective is None:
         raise ValueError(f"{task!r} is a supervised downstream task (no objective to show); "
@@ -124,7 +101,8 @@ def preview_task(
                 chunk=chunk, noise_mask=mask, inputs=inputs, targets=targets,
                 chunk_text=_marked(vocab, chunk, mask),
                 inputs_text=None if inputs is None else _decode(vocab, inputs),
-                targets_text=_decode(vocab, targets), chunk_pieces=_pieces(vocab, chunk),
+                targets_text=_decode(vocab, targets),
+                chunk_pieces=tokenize.sentencepiece_processor(vocab).id_to_piece(chunk),
             ))
             if len(records) == num_examples:
                 return records

@@ -91,13 +91,9 @@ UL2_DENOISERS: dict[str, tuple[Objective, float]] = {
 
 
 # ----------------------------------------------------------------------------- lazy resources
-def _forward(method: str) -> Callable:
-    """A method that calls the wrapped vocabulary's `method` (for NamedVocabulary)."""
-
-    def forwarded(self: NamedVocabulary, *args, **kwargs):
-        return getattr(self._vocab, method)(*args, **kwargs)
-
-    return forwarded
+def _forwarded(attribute: str) -> property:
+    """The wrapped vocabulary's `attribute`, attribute or method (for NamedVocabulary)."""
+    return property(lambda self: getattr(self._vocab, attribute))
 
 
 class NamedVocabulary(seqio.Vocabulary):
@@ -113,15 +109,11 @@ class NamedVocabulary(seqio.Vocabulary):
 
         return vocab.get_vocabulary(self.name)
 
-    eos_id = property(lambda self: self._vocab.eos_id)
-    unk_id = property(lambda self: self._vocab.unk_id)
-    pad_id = property(lambda self: self._vocab.pad_id)
-    extra_ids = property(lambda self: self._vocab.extra_ids)
-    vocab_size = property(lambda self: self._vocab.vocab_size)
+    eos_id, unk_id, pad_id = _forwarded("eos_id"), _forwarded("unk_id"), _forwarded("pad_id")
+    extra_ids, vocab_size = _forwarded("extra_ids"), _forwarded("vocab_size")
     _base_vocab_size = property(lambda self: self._vocab.vocab_size - self._vocab.extra_ids)
-
-    encode, decode = _forward("encode"), _forward("decode")
-    encode_tf, decode_tf = _forward("encode_tf"), _forward("decode_tf")
+    encode, decode = _forwarded("encode"), _forwarded("decode")
+    encode_tf, decode_tf = _forwarded("encode_tf"), _forwarded("decode_tf")
     # seqio's abstract hooks: the wrapped vocabulary's public methods do it all.
     _encode, _decode, _encode_tf, _decode_tf = encode, decode, encode_tf, decode_tf
 
@@ -227,15 +219,10 @@ def _cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.cache()
 
 
-def register_task(
-    name: str,
-    objective: Objective | None,
-    corpus: str = "c4like",
-    source: seqio.DataSource | None = None,
-    *,
-    metric_fns: Sequence[Callable[..., dict[str, float]]] = (),
-    postprocess_fn: Callable[..., str] | None = None,
-) -> str:
+def register_task(name: str, objective: Objective | None, corpus: str = "c4like",
+                  source: seqio.DataSource | None = None, *,
+                  metric_fns: Sequence[Callable[..., dict[str, float]]] = (),
+                  postprocess_fn: Callable[..., str] | None = None) -> str:
     """Register `name` over `corpus` (or over your own `source`, any seqio.DataSource with a
     `text` feature; `corpus` then only labels it), default vocabulary; idempotent.
     `objective=None` registers a supervised task: `source` yields `inputs`/`targets` text."""
@@ -269,12 +256,8 @@ def register_mixture(
 
 
 @gin.configurable(module="t5x_like.data")
-def make_task(
-    name: str = gin.REQUIRED,
-    *,
-    corpus: str = "c4like",
-    objective: Objective | None = None,
-) -> str:
+def make_task(name: str = gin.REQUIRED, *, corpus: str = "c4like",
+              objective: Objective | None = None) -> str:
     """Register `objective` as task `{corpus}_{name}` and return that name.
 
     Without `objective`, `Objective()` is built here, inside make_task's gin scope, so scoped
@@ -345,10 +328,8 @@ def list_tasks() -> list[str]:
 def _unknown(name: str) -> ValueError:
     close = difflib.get_close_matches(name, list_tasks(), n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    return ValueError(
-        f"Unknown task or mixture {name!r}.{hint} See t5x_like.data.list_tasks() "
-        f"({len(list_tasks())} registered), or define one with make_task()."
-    )
+    return ValueError(f"Unknown task or mixture {name!r}.{hint} See t5x_like.data.list_tasks() "
+                      f"({len(list_tasks())} registered), or define one with make_task().")
 
 
 def vocabulary_tag(vocabulary: str) -> str:
@@ -410,21 +391,12 @@ def shard_seed(seed: int | None, shard_id: int) -> int | None:
 
 
 @gin.configurable(module="t5x_like.data")
-def get_dataset(
-    task: str = gin.REQUIRED,
-    *,
-    split: str = gin.REQUIRED,
-    sequence_length: Mapping[str, int] = gin.REQUIRED,
-    batch_size: int = gin.REQUIRED,
-    model_family: str = gin.REQUIRED,
-    vocabulary: str = DEFAULT_VOCABULARY,
-    pack: bool = True,
-    shuffle: bool = True,
-    seed: int | None = 0,
-    num_epochs: int | None = None,
-    shard_id: int = 0,
-    num_shards: int = 1,
-) -> tf.data.Dataset:
+def get_dataset(task: str = gin.REQUIRED, *, split: str = gin.REQUIRED,
+                sequence_length: Mapping[str, int] = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+                model_family: str = gin.REQUIRED, vocabulary: str = DEFAULT_VOCABULARY,
+                pack: bool = True, shuffle: bool = True, seed: int | None = 0,
+                num_epochs: int | None = None, shard_id: int = 0,
+                num_shards: int = 1) -> tf.data.Dataset:
     """Batches of model features (DESIGN.md names, int32 [batch_size, length]) for a task.
 
     `model_family` picks the feature converter (`converters.get_feature_converter`); a

@@ -48,12 +48,8 @@ ENGINES = ("sentencepiece", "tensorflow_text")
 
 
 @gin.configurable(module="t5x_like.data", denylist=["dataset", "output_features"])
-def tokenize(
-    dataset: tf.data.Dataset,
-    output_features: Mapping[str, seqio.Feature],
-    batch_size: int = 64,
-    engine: str = "sentencepiece",
-) -> tf.data.Dataset:
+def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature],
+             batch_size: int = 64, engine: str = "sentencepiece") -> tf.data.Dataset:
     """seqio preprocessor: each scalar string feature of `output_features` -> int32 [n] ids.
 
     `engine='sentencepiece'` encodes `batch_size` documents per call with the library (order
@@ -81,6 +77,5 @@ def tokenize(
                 tf.ensure_shape(flat, [None]), tf.ensure_shape(lengths, [None]))
         return out
 
-    return (dataset.ragged_batch(batch_size)
-            .map(encode_batch, num_parallel_calls=tf.data.AUTOTUNE)
-            .unbatch())
+    return dataset.ragged_batch(batch_size).map(
+        encode_batch, num_parallel_calls=tf.data.AUTOTUNE).unbatch()

@@ -215,10 +215,9 @@ def get_vocabulary(name: str = DEFAULT_VOCABULARY, *, extra_ids: int = DEFAULT_E
 
 def check_fits(name: str, embedding_rows: int, *, what: str = "vocabulary",
                fix: str = "") -> seqio.Vocabulary:
-    """The vocabulary ``name``, checked to fit an embedding of ``embedding_rows`` rows
-    (``TransformerConfig.vocab_size``): the one check every entry point makes before it trains,
-    scores or decodes. A larger vocabulary would read ids past the embedding (garbage, NaN
-    scores). Raises VocabularyError naming both sizes, then ``fix``."""
+    """The vocabulary ``name``, checked (by every entry point, before it trains, scores or
+    decodes) to fit an embedding of ``embedding_rows`` rows: a larger one would read ids past
+    it (garbage, NaN scores). Raises VocabularyError naming both sizes, then ``fix``."""
     vocab = get_vocabulary(name)
     size = int(vocab.vocab_size)
     if size > embedding_rows:
@@ -230,7 +229,8 @@ def check_fits(name: str, embedding_rows: int, *, what: str = "vocabulary",
 
 
 # ----------------------------------------------------------------------------- CLI
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m t5x_like.data.vocab",
                                 description="Train or try SentencePiece vocabularies.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -248,12 +248,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     e.add_argument("--vocabulary", default=DEFAULT_VOCABULARY,
                    help="known name or path to a .model")
     e.add_argument("--data_dir", default=None)
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
-    args = _parse_args(argv)
+    args = p.parse_args(argv)
     try:
         if args.command == "train":
             path = train_vocabulary([Path(x) for x in args.inputs], args.output_prefix,

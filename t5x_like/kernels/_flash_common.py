@@ -99,9 +99,8 @@ def visited_tiles(cfg: FlashConfig) -> int:
 
 def dot(a: jax.Array, b: jax.Array, *, ta: bool = False, tb: bool = False) -> jax.Array:
     """2-D matmul with optional transposes, fp32 accumulation: op(a) @ op(b)."""
-    ca = 0 if ta else 1
-    cb = 1 if tb else 0
-    return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
 def side_names(cfg: FlashConfig) -> list[str]:
@@ -113,29 +112,21 @@ def side_names(cfg: FlashConfig) -> list[str]:
 
 def rel_bucket_tile(cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
     """Bucket ids [bq, bk] of relative position k - q for index vectors q_idx [bq], k_idx [bk]."""
-    rel = k_idx[None, :] - q_idx[:, None]
     return relative_position_bucket(
-        rel,
-        bidirectional=cfg.rel_bidirectional,
-        num_buckets=cfg.num_buckets,
-        max_distance=cfg.rel_max_distance,
-    )
+        k_idx[None, :] - q_idx[:, None], bidirectional=cfg.rel_bidirectional,
+        num_buckets=cfg.num_buckets, max_distance=cfg.rel_max_distance)
 
 
 def bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(min, max) bucket id present in a tile [bq, bk]: the loops below visit only that range.
-
-    Tiles farther than `max_distance` from the diagonal hold a single bucket, so there the loop
-    runs once; only near-diagonal tiles pay one select per bucket they contain. One reduction
-    over the whole tile: reducing a row-reduced [bq] vector again lowers to a sublane gather in
-    Mosaic, which TPU v4 does not have.
-    """
+    """(min, max) bucket id present in a tile [bq, bk]: the per-bucket loops visit only that range
+    (once for tiles farther than `max_distance` from the diagonal, which hold one bucket). One
+    whole-tile reduction: reducing a row-reduced [bq] vector again lowers to a sublane gather in
+    Mosaic, which TPU v4 does not have."""
     return jnp.min(bucket), jnp.max(bucket)
 
 
-def tile_bucket_bounds(
-    cfg: FlashConfig, q0: jax.Array, k0: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+def tile_bucket_bounds(cfg: FlashConfig, q0: jax.Array,
+                       k0: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(lo, hi) enclosing the bucket ids of tile [q0, q0 + block_q) x [k0, k0 + block_k), from
     its two corner offsets in scalar arithmetic (no reduction over the tile).
 
@@ -172,20 +163,14 @@ def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> 
 
 
 def tile_mask(
-    cfg: FlashConfig,
-    q_idx: jax.Array,
-    k_idx: jax.Array,
-    qseg: jax.Array | None,
-    kseg: jax.Array | None,
-    pq: jax.Array | None,
-    pk: jax.Array | None,
+    cfg: FlashConfig, q_idx: jax.Array, k_idx: jax.Array, qseg: jax.Array | None,
+    kseg: jax.Array | None, pq: jax.Array | None, pk: jax.Array | None,
 ) -> jax.Array | None:
-    """Allowed [bq, bk] (or None = all allowed): `masks.attention_mask` on the tile's vectors,
-    and k < lk when padding is not carried by segment ids."""
-    mask = attention_mask(
-        q_idx, k_idx, causal=cfg.causal, q_segment_ids=qseg if cfg.has_seg else None,
-        kv_segment_ids=kseg if cfg.has_seg else None, q_prefix=pq if cfg.has_prefix else None,
-        k_prefix=pk if cfg.has_prefix else None)
+    """Allowed [bq, bk] (or None = all allowed): `masks.attention_mask` on the tile's vectors
+    (segment ids / prefix flags None when absent), and k < lk when segment ids do not carry the
+    padding."""
+    mask = attention_mask(q_idx, k_idx, causal=cfg.causal, q_segment_ids=qseg, kv_segment_ids=kseg,
+                          q_prefix=pq, k_prefix=pk)
     if cfg.kv_pad_mask:
         in_range = jnp.broadcast_to(k_idx[None, :] < cfg.lk, (q_idx.shape[0], k_idx.shape[0]))
         mask = in_range if mask is None else jnp.logical_and(mask, in_range)
@@ -193,17 +178,9 @@ def tile_mask(
 
 
 def logits_tile(
-    cfg: FlashConfig,
-    s: jax.Array,
-    q_idx: jax.Array,
-    k_idx: jax.Array,
-    qseg: jax.Array | None,
-    kseg: jax.Array | None,
-    pq: jax.Array | None,
-    pk: jax.Array | None,
-    table_row: jax.Array | None,
-    bias: jax.Array | None,
-    rel_tile: jax.Array | None = None,
+    cfg: FlashConfig, s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, qseg: jax.Array | None,
+    kseg: jax.Array | None, pq: jax.Array | None, pk: jax.Array | None,
+    table_row: jax.Array | None, bias: jax.Array | None, rel_tile: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Scaled scores s [bq, bk] + biases, masked to -inf. Returns (logits, bucket ids or None).
 
@@ -240,9 +217,8 @@ def causal_k_blocks(cfg: FlashConfig, q0: jax.Array, prefix_len: jax.Array | Non
     return jnp.minimum(hi, cfg.nk)
 
 
-def causal_first_q_block(
-    cfg: FlashConfig, k0: jax.Array, prefix_len: jax.Array | None
-) -> jax.Array:
+def causal_first_q_block(cfg: FlashConfig, k0: jax.Array,
+                         prefix_len: jax.Array | None) -> jax.Array:
     """First q block that can see a causal k block starting at k0 (earlier ones are skipped)."""
     lo = k0 // cfg.block_q
     if cfg.has_prefix:

@@ -18,25 +18,16 @@ def reference_rel_bias(
 ) -> jax.Array:
     """T5 bias [1, H, Lq, Lk] from a [num_buckets, H] table."""
     rel = jnp.arange(lk)[None, :] - jnp.arange(lq)[:, None]
-    bucket = relative_position_bucket(
-        rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance
-    )
+    bucket = relative_position_bucket(rel, bidirectional=bidirectional,
+                                      num_buckets=table.shape[0], max_distance=max_distance)
     return jnp.transpose(table[bucket], (2, 0, 1))[None]
 
 
 def reference_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool = False,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    prefix_mask: jax.Array | None = None,
-    rel_bias: jax.Array | None = None,
-    rel_bidirectional: bool = True,
-    rel_max_distance: int = 128,
-    bias: jax.Array | None = None,
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
+    q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+    prefix_mask: jax.Array | None = None, rel_bias: jax.Array | None = None,
+    rel_bidirectional: bool = True, rel_max_distance: int = 128, bias: jax.Array | None = None,
     sm_scale: float = 1.0,
 ) -> jax.Array:
     """Same signature/semantics as `flash_attention`, computed in the inputs' dtype.
@@ -45,13 +36,11 @@ def reference_attention(
     """
     b, lq, h, _ = q.shape
     lk, hkv = k.shape[1], k.shape[2]
-    k = jnp.repeat(k, h // hkv, axis=2)
-    v = jnp.repeat(v, h // hkv, axis=2)
+    k, v = jnp.repeat(k, h // hkv, axis=2), jnp.repeat(v, h // hkv, axis=2)
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(sm_scale, q.dtype)
     if rel_bias is not None:
-        logits = logits + reference_rel_bias(
-            rel_bias, lq, lk, bidirectional=rel_bidirectional, max_distance=rel_max_distance
-        ).astype(logits.dtype)
+        logits = logits + reference_rel_bias(rel_bias, lq, lk, bidirectional=rel_bidirectional,
+                                             max_distance=rel_max_distance).astype(logits.dtype)
     if bias is not None:
         logits = logits + bias.astype(logits.dtype)
     # Allowed [B, 1, Lq, Lk] bool: `masks.attention_mask` with positions 0..L-1.

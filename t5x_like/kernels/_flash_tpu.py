@@ -89,14 +89,29 @@ def vmem_limit(footprint: int, chip: tuple[str, int] | None) -> int | None:
     return max(default, min(need, capacity * 3 // 4))
 
 
-def _call(cfg: FlashConfig, kernel, *, footprint: int, cost: pl.CostEstimate, **kwargs):
+def _call(cfg: FlashConfig, kernel, names: list[str], args: dict, specs: dict, *, matmuls: int,
+          scratch: list[tuple[int, ...]], out_shape: tuple, out_specs: tuple, **kwargs):
+    """`pallas_call` of `kernel` on `args[n] for n in names`, grid (b, h, outer, inner).
+
+    `scratch`: shapes of its f32 VMEM scratch; with the in/out blocks (SMEM scalars excluded)
+    they size the VMEM limit on a TPU. `matmuls` per tile entry for the cost estimate.
+    """
+    pairs = [(specs[n], args[n].dtype) for n in names] + [
+        (spec, shape.dtype) for spec, shape in zip(out_specs, out_shape, strict=True)]
+    blocks = [(tuple(x for x in spec.block_shape if x is not None), dtype.itemsize)
+              for spec, dtype in pairs if spec.block_shape is not None]
+    footprint = vmem_footprint(blocks, [(shape, 4) for shape in scratch], cfg.block_q, cfg.block_k)
     limit = None if cfg.interpret else vmem_limit(footprint, _chip())
     params = pltpu.CompilerParams(
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
         vmem_limit_bytes=limit)
-    interpret = pltpu.InterpretParams() if cfg.interpret else False
-    return pl.pallas_call(kernel, compiler_params=params, interpret=interpret,
-                          cost_estimate=cost, **kwargs)
+    return pl.pallas_call(
+        functools.partial(kernel, cfg=cfg, names=names), compiler_params=params,
+        interpret=pltpu.InterpretParams() if cfg.interpret else False,
+        cost_estimate=_cost(cfg, args["q"].shape[0], matmuls, [*args.values(), *out_shape]),
+        out_shape=out_shape, in_specs=[specs[n] for n in names], out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape in scratch], **kwargs,
+    )(*[args[n] for n in names])
 
 
 def visited_fraction(cfg: FlashConfig) -> float:
@@ -105,58 +120,48 @@ def visited_fraction(cfg: FlashConfig) -> float:
     return 1.0 if cfg.has_prefix else common.visited_tiles(cfg) / (cfg.nq * cfg.nk)
 
 
-def _cost(cfg: FlashConfig, batch: int, matmuls: int, exps: int, arrays: list) -> pl.CostEstimate:
-    """XLA cost of a kernel: `matmuls` [bq, bk, D] products and `exps` exponentials per visited
-    tile entry; bytes = the arrays it reads and writes once."""
+def _cost(cfg: FlashConfig, batch: int, matmuls: int, arrays: list) -> pl.CostEstimate:
+    """XLA cost of a kernel: `matmuls` [bq, bk, D] products and one exponential per visited tile
+    entry; bytes = the arrays it reads and writes once."""
     pairs = batch * cfg.num_heads * cfg.lq_pad * cfg.lk_pad * visited_fraction(cfg)
     nbytes = sum(int(x.size) * x.dtype.itemsize for x in arrays)
     return pl.CostEstimate(flops=int(2 * matmuls * pairs * cfg.head_dim_pad),
-                           transcendentals=int(exps * pairs), bytes_accessed=nbytes)
+                           transcendentals=int(pairs), bytes_accessed=nbytes)
 
 
 def _side_arrays(cfg: FlashConfig, side: dict) -> dict:
-    out = {}
-    if cfg.has_seg:
-        out["qseg"], out["kseg"] = side["qseg"][:, :, None], side["kseg"][:, None, :]
-    if cfg.has_prefix:
-        out["pq"], out["pk"] = side["pq"][:, :, None], side["pk"][:, None, :]
-        out["plen"] = side["plen"]
-    if cfg.has_rel:
-        out["tab"] = side["tab"][:, None, :]
-    if cfg.has_bias:
-        out["bias"] = side["bias"]
-    return out
+    """Side inputs in block-legal layouts (in `side_names` order): q-side ids / flags as
+    `[B, Lq, 1]` columns, k-side ones as `[B, 1, Lk]` rows, the table as `[H, 1, NBp]`."""
+    cols, rows = ("qseg", "pq"), ("kseg", "pk", "tab")
+    return {n: side[n][:, :, None] if n in cols else side[n][:, None, :] if n in rows else side[n]
+            for n in common.side_names(cfg)}
 
 
 def _specs(cfg: FlashConfig, q_outer: bool) -> dict[str, pl.BlockSpec]:
     """BlockSpecs on grid (b, h, outer, inner); `q_outer` = q blocks on axis 2, k on axis 3."""
     bq, bk, d, g = cfg.block_q, cfg.block_k, cfg.head_dim_pad, cfg.group
 
-    def qk(i_or_j):  # (q block, k block) of a grid point, clamped for plain causal masks
-        def f(b, h, a, c):
-            i, j = (a, c) if q_outer else (c, a)
-            if cfg.causal and not cfg.has_prefix:
-                if q_outer:
-                    j = jnp.minimum(j, (i * bq + bq - 1) // bk)
-                else:
-                    i = jnp.maximum(i, (j * bk) // bq)
-            return i if i_or_j == "i" else j
-        return f
+    def block(a, c, which: int):  # q (0) or k (1) block of grid point (., ., a, c), clamped
+        i, j = (a, c) if q_outer else (c, a)  # to the last needed one for plain causal masks
+        if cfg.causal and not cfg.has_prefix:
+            if q_outer:
+                j = jnp.minimum(j, (i * bq + bq - 1) // bk)
+            else:
+                i = jnp.maximum(i, (j * bk) // bq)
+        return (i, j)[which]
 
-    qi, kj = qk("i"), qk("j")
     specs = {
-        "q": pl.BlockSpec((None, None, bq, d), lambda b, h, a, c: (b, h, qi(b, h, a, c), 0)),
-        "k": pl.BlockSpec((None, None, bk, d), lambda b, h, a, c: (b, h // g, kj(b, h, a, c), 0)),
-        "lse": pl.BlockSpec((None, None, 1, bq), lambda b, h, a, c: (b, h, 0, qi(b, h, a, c))),
-        "qcol": pl.BlockSpec((None, bq, 1), lambda b, h, a, c: (b, qi(b, h, a, c), 0)),
-        "krow": pl.BlockSpec((None, 1, bk), lambda b, h, a, c: (b, 0, kj(b, h, a, c))),
+        "q": pl.BlockSpec((None, None, bq, d), lambda b, h, a, c: (b, h, block(a, c, 0), 0)),
+        "k": pl.BlockSpec((None, None, bk, d), lambda b, h, a, c: (b, h // g, block(a, c, 1), 0)),
+        "lse": pl.BlockSpec((None, None, 1, bq), lambda b, h, a, c: (b, h, 0, block(a, c, 0))),
+        "qcol": pl.BlockSpec((None, bq, 1), lambda b, h, a, c: (b, block(a, c, 0), 0)),
+        "krow": pl.BlockSpec((None, 1, bk), lambda b, h, a, c: (b, 0, block(a, c, 1))),
         "smem": pl.BlockSpec(memory_space=pltpu.SMEM),
         "tab": pl.BlockSpec((None, 1, cfg.num_buckets_pad), lambda b, h, a, c: (h, 0, 0)),
     }
     bb, bh = cfg.bias_batch > 1, cfg.bias_heads > 1
-    specs["bias"] = pl.BlockSpec(
-        (None, None, bq, bk),
-        lambda b, h, a, c: (b if bb else 0, h if bh else 0, qi(b, h, a, c), kj(b, h, a, c)))
+    specs["bias"] = pl.BlockSpec((None, None, bq, bk), lambda b, h, a, c: (
+        b if bb else 0, h if bh else 0, block(a, c, 0), block(a, c, 1)))
     specs.update(v=specs["k"], do=specs["q"], delta=specs["lse"], qseg=specs["qcol"],
                  pq=specs["qcol"], kseg=specs["krow"], pk=specs["krow"], plen=specs["smem"])
     return specs
@@ -170,8 +175,19 @@ def _segment_range(seg: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(jnp.where(seg == 0, big, seg)), jnp.max(seg)
 
 
-def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
-    """Index vectors, side inputs and the 'tile has work' predicate for q block i, k block j."""
+def _kernel_setup(cfg: FlashConfig, refs, names: list[str], q_outer: bool, init: dict):
+    """The start of every kernel: refs by name, the step's q block i and k block j (`q_outer`: i
+    on grid axis 2 and j on the inner axis 3, else swapped), the scratch `init` {name: value} set
+    on the first inner step, the tile's index vectors and side inputs, and 'tile has work'."""
+    r = dict(zip(names, refs, strict=True))
+    outer, inner = pl.program_id(2), pl.program_id(3)
+    i, j = (outer, inner) if q_outer else (inner, outer)
+
+    @pl.when(inner == 0)
+    def _init():
+        for name, value in init.items():
+            r[name][...] = jnp.full(r[name].shape, value, jnp.float32)
+
     b = pl.program_id(0)
     q0, k0 = i * cfg.block_q, j * cfg.block_k
     q_idx = q0 + jnp.arange(cfg.block_q, dtype=jnp.int32)
@@ -189,20 +205,12 @@ def _tile_inputs(cfg: FlashConfig, r: dict, i, j):
     if cfg.has_seg:
         needed &= common.segments_overlap(_segment_range(r["qseg"][...]),
                                       _segment_range(r["kseg"][...]))
-    return (q_idx, k_idx, qseg, kseg, pq, pk, tab, bias), needed
+    return r, i, j, (q_idx, k_idx, qseg, kseg, pq, pk, tab, bias), needed
 
 
 def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
-    r = dict(zip(names + ["o", "lse", "m", "l", "acc"], refs, strict=True))
-    i, j = pl.program_id(2), pl.program_id(3)
-
-    @pl.when(j == 0)
-    def _init():
-        r["m"][...] = jnp.full(r["m"].shape, common.NEG_INF, jnp.float32)
-        r["l"][...] = jnp.zeros(r["l"].shape, jnp.float32)
-        r["acc"][...] = jnp.zeros(r["acc"].shape, jnp.float32)
-
-    tile, needed = _tile_inputs(cfg, r, i, j)
+    r, _, j, tile, needed = _kernel_setup(cfg, refs, names + ["o", "lse", "m", "l", "acc"], True,
+                                          {"m": common.NEG_INF, "l": 0.0, "acc": 0.0})
 
     @pl.when(needed)
     def _compute():
@@ -238,51 +246,21 @@ def _to_head_major(x: jax.Array) -> jax.Array:
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, 1, Lq_pad] f32 (lane-major rows)."""
     batch, heads, bq, d = q.shape[0], cfg.num_heads, cfg.block_q, cfg.head_dim_pad
-    names = ["q", "k", "v"] + common.side_names(cfg)
     args = {"q": _to_head_major(q), "k": _to_head_major(k), "v": _to_head_major(v),
             **_side_arrays(cfg, side)}
     specs = _specs(cfg, q_outer=True)
-    out_shape = (jax.ShapeDtypeStruct(args["q"].shape, q.dtype),
-                 jax.ShapeDtypeStruct((batch, heads, 1, cfg.lq_pad), jnp.float32))
-    scratch = [((bq, 1), 4), ((bq, 1), 4), ((bq, d), 4)]
-    footprint = vmem_footprint(_blocks(cfg, names, args, specs) + [((bq, d), q.dtype.itemsize),
-                                                                  ((1, bq), 4)],
-                               scratch, bq, cfg.block_k)
     o, lse = _call(
-        cfg,
-        functools.partial(_fwd_kernel, cfg=cfg, names=names),
-        footprint=footprint,
-        cost=_cost(cfg, batch, 2, 1, [*args.values(), *out_shape]),
-        out_shape=out_shape,
-        grid=(batch, heads, cfg.nq, cfg.nk),
-        in_specs=[specs[n] for n in names],
-        out_specs=(specs["q"], specs["lse"]),
-        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape, _ in scratch],
-        name="t5x_like_flash_fwd_tpu",
-    )(*[args[n] for n in names])
+        cfg, _fwd_kernel, ["q", "k", "v"] + common.side_names(cfg), args, specs, matmuls=2,
+        scratch=[(bq, 1), (bq, 1), (bq, d)], grid=(batch, heads, cfg.nq, cfg.nk),
+        out_shape=(jax.ShapeDtypeStruct(args["q"].shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, 1, cfg.lq_pad), jnp.float32)),
+        out_specs=(specs["q"], specs["lse"]), name="t5x_like_flash_fwd_tpu")
     return _to_head_major(o), lse
 
 
-def _blocks(cfg: FlashConfig, names: list[str], args: dict, specs: dict) -> list:
-    """(block shape, itemsize) of every VMEM input block (SMEM scalars excluded)."""
-    out = []
-    for n in names:
-        shape = specs[n].block_shape
-        if shape is not None:
-            out.append((tuple(x for x in shape if x is not None), args[n].dtype.itemsize))
-    return out
-
-
 def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
-    r = dict(zip(names + ["dk", "dv", "dk_acc", "dv_acc"], refs, strict=True))
-    j, i = pl.program_id(2), pl.program_id(3)
-
-    @pl.when(i == 0)
-    def _init():
-        r["dk_acc"][...] = jnp.zeros(r["dk_acc"].shape, jnp.float32)
-        r["dv_acc"][...] = jnp.zeros(r["dv_acc"].shape, jnp.float32)
-
-    tile, needed = _tile_inputs(cfg, r, i, j)
+    r, i, _, tile, needed = _kernel_setup(cfg, refs, names + ["dk", "dv", "dk_acc", "dv_acc"],
+                                          False, {"dk_acc": 0.0, "dv_acc": 0.0})
 
     @pl.when(needed)
     def _compute():
@@ -315,15 +293,8 @@ def _rel_grad_tile(cfg: FlashConfig, bucket: jax.Array, ds: jax.Array) -> jax.Ar
 
 
 def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
-    r = dict(zip(names + outs + ["dq_acc", "dtab_acc"], refs, strict=True))
-    i, j = pl.program_id(2), pl.program_id(3)
-
-    @pl.when(j == 0)
-    def _init():
-        r["dq_acc"][...] = jnp.zeros(r["dq_acc"].shape, jnp.float32)
-        r["dtab_acc"][...] = jnp.zeros(r["dtab_acc"].shape, jnp.float32)
-
-    tile, needed = _tile_inputs(cfg, r, i, j)
+    r, _, j, tile, needed = _kernel_setup(cfg, refs, names + outs + ["dq_acc", "dtab_acc"], True,
+                                          {"dq_acc": 0.0, "dtab_acc": 0.0})
     if cfg.has_bias:  # every (i, j) dbias block is an output block: skipped ones are zero
 
         @pl.when(jnp.logical_not(needed))
@@ -362,55 +333,28 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
             **_side_arrays(cfg, side)}
     names = ["q", "k", "v", "do", "lse", "delta"] + common.side_names(cfg)
 
-    kspecs = _specs(cfg, q_outer=False)
     per_head = jax.ShapeDtypeStruct((batch, heads, cfg.lk_pad, d), jnp.float32)
     own_k = pl.BlockSpec((None, None, bk, d), lambda b, h, j, i: (b, h, j, 0))
-    scratch = [((bk, d), 4), ((bk, d), 4)]
-    dk, dv = _call(
-        cfg,
-        functools.partial(_dkdv_kernel, cfg=cfg, names=names),
-        footprint=vmem_footprint(_blocks(cfg, names, args, kspecs) + [((bk, d), 4)] * 2,
-                                 scratch, bq, bk),
-        cost=_cost(cfg, batch, 4, 1, [*args.values(), per_head, per_head]),
-        out_shape=(per_head, per_head),
-        grid=(batch, heads, cfg.nk, cfg.nq),
-        in_specs=[kspecs[n] for n in names],
-        out_specs=(own_k, own_k),
-        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape, _ in scratch],
-        name="t5x_like_flash_bwd_dkdv_tpu",
-    )(*[args[n] for n in names])
+    dk, dv = _call(cfg, _dkdv_kernel, names, args, _specs(cfg, q_outer=False), matmuls=4,
+                   scratch=[(bk, d), (bk, d)], grid=(batch, heads, cfg.nk, cfg.nq),
+                   out_shape=(per_head, per_head), out_specs=(own_k, own_k),
+                   name="t5x_like_flash_bwd_dkdv_tpu")
 
-    qspecs = _specs(cfg, q_outer=True)
-    outs = ["dq"]
-    out_shape = [jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, d), jnp.float32)]
-    out_specs = [pl.BlockSpec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0))]
-    out_blocks = [((bq, d), 4)]
     nbp = max(cfg.num_buckets_pad, 1)
+    outs = {"dq": (jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, d), jnp.float32),
+                   pl.BlockSpec((None, None, bq, d), lambda b, h, i, j: (b, h, i, 0)))}
     if cfg.has_rel:
-        outs.append("dtab")
-        out_shape.append(jax.ShapeDtypeStruct((batch, heads, cfg.nq, 1, nbp), jnp.float32))
-        out_specs.append(pl.BlockSpec((None, None, None, 1, nbp),
-                                      lambda b, h, i, j: (b, h, i, 0, 0)))
-        out_blocks.append(((1, nbp), 4))
+        outs["dtab"] = (jax.ShapeDtypeStruct((batch, heads, cfg.nq, 1, nbp), jnp.float32),
+                        pl.BlockSpec((None, None, None, 1, nbp),
+                                     lambda b, h, i, j: (b, h, i, 0, 0)))
     if cfg.has_bias:
-        outs.append("dbias")
-        out_shape.append(
-            jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32))
-        out_specs.append(pl.BlockSpec((None, None, bq, bk), lambda b, h, i, j: (b, h, i, j)))
-        out_blocks.append(((bq, bk), 4))
-    scratch = [((bq, d), 4), ((1, nbp), 4)]
-    res = _call(
-        cfg,
-        functools.partial(_dq_kernel, cfg=cfg, names=names, outs=outs),
-        footprint=vmem_footprint(_blocks(cfg, names, args, qspecs) + out_blocks, scratch, bq, bk),
-        cost=_cost(cfg, batch, 3, 1, [*args.values(), *out_shape]),
-        out_shape=tuple(out_shape),
-        grid=(batch, heads, cfg.nq, cfg.nk),
-        in_specs=[qspecs[n] for n in names],
-        out_specs=tuple(out_specs),
-        scratch_shapes=[pltpu.VMEM(shape, jnp.float32) for shape, _ in scratch],
-        name="t5x_like_flash_bwd_dq_tpu",
-    )(*[args[n] for n in names])
+        outs["dbias"] = (jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32),
+                         pl.BlockSpec((None, None, bq, bk), lambda b, h, i, j: (b, h, i, j)))
+    res = _call(cfg, functools.partial(_dq_kernel, outs=list(outs)), names, args,
+                _specs(cfg, q_outer=True), matmuls=3, scratch=[(bq, d), (1, nbp)],
+                grid=(batch, heads, cfg.nq, cfg.nk), out_shape=tuple(x for x, _ in outs.values()),
+                out_specs=tuple(spec for _, spec in outs.values()),
+                name="t5x_like_flash_bwd_dq_tpu")
     res = dict(zip(outs, res, strict=True))
     dtab = res["dtab"][:, :, :, 0, :] if cfg.has_rel else None
     return (_to_head_major(res["dq"]), _to_head_major(dk), _to_head_major(dv), dtab,

@@ -8,10 +8,10 @@ not overlap (packing, padding). The loop bodies hold no nested loop and no `cond
 so Triton software-pipelines the k/v (q/dO) loads (cp.async, TMA). The kv head of a
 q head is chosen in the BlockSpec index map (`h // group`), so GQA/MQA never repeats k/v.
 
-All array arguments are already padded by `flash.py`: lengths to block multiples,
-head_dim to a power of two, the bucket table to `[H, num_buckets_pad]`. The table is turned
-into per-offset rows here (`_offset_rows`) so the k loop gathers the T5 bias instead of looping
-over buckets. The backward kernels run with the `bwd_*` blocks of `FlashConfig`.
+All array arguments are already padded by `flash.py`: lengths to block multiples, head_dim to a
+power of two, the bucket table to `[H, num_buckets_pad]`. The table is turned into bias / bucket
+bands here (`_rel_bands`) so the k loop loads the T5 bias instead of looping over buckets. The
+backward kernels run with the `bwd_*` blocks of `FlashConfig`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,6 @@ from jax.experimental.pallas import triton as plgpu
 
 from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels._flash_common import FlashConfig, dot
-
-
-def _compiler_params(cfg: FlashConfig):
-    return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEstimate:
@@ -46,6 +42,20 @@ def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEs
     return pl.CostEstimate(flops=int(tiles * matmuls * 2 * bq * bk * d),
                            transcendentals=int(tiles * bq * bk),
                            bytes_accessed=int(tiles * (streamed + rel) + owned))
+
+
+def _call(cfg: FlashConfig, kernel, kind: str, names: list[str], args: dict, specs: dict,
+          **kwargs):
+    """`pallas_call` of one kernel ('fwd' | 'dkdv' | 'dq') on `args[n] for n in names`, grid
+    (B, H, blocks the kernel owns: q blocks, or k blocks for 'dkdv')."""
+    batch = args["q"].shape[0]
+    return pl.pallas_call(
+        functools.partial(kernel, cfg=cfg, names=names),
+        grid=(batch, cfg.num_heads, cfg.nk if kind == "dkdv" else cfg.nq),
+        in_specs=[specs[n] for n in names], interpret=cfg.interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        cost_estimate=_cost(cfg, kind, args["q"].dtype.itemsize, batch), **kwargs,
+    )(*[args[n] for n in names])
 
 
 def _offset_row_width(cfg: FlashConfig) -> int:
@@ -175,18 +185,11 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
         width = _offset_row_width(cfg)
         specs["relband"] = pl.BlockSpec((None, bq, width), lambda b, h, i: (h, 0, 0))
         specs["bucketband"] = pl.BlockSpec((bq, width), lambda b, h, i: (0, 0))
-    if cfg.has_bias:
+    if cfg.has_bias:  # [bq, Lk] rows or [Lq, bk] columns; batch / head 0 when broadcast
         bb, bh = cfg.bias_batch > 1, cfg.bias_heads > 1
-        if by_q_block:
-            specs["bias"] = pl.BlockSpec(
-                (None, None, bq, cfg.lk_pad),
-                lambda b, h, i: (b if bb else 0, h if bh else 0, i, 0),
-            )
-        else:
-            specs["bias"] = pl.BlockSpec(
-                (None, None, cfg.lq_pad, bk),
-                lambda b, h, j: (b if bb else 0, h if bh else 0, 0, j),
-            )
+        specs["bias"] = pl.BlockSpec(
+            (None, None, *((bq, cfg.lk_pad) if by_q_block else (cfg.lq_pad, bk))),
+            lambda b, h, i: (b if bb else 0, h if bh else 0, *((i, 0) if by_q_block else (0, i))))
     return specs
 
 
@@ -203,13 +206,14 @@ def _q_loop_state(cfg: FlashConfig, r: dict, q0):
 
 
 def _k_block_inputs(cfg: FlashConfig, r: dict, j):
+    """Slice, index vector, side inputs and k, v tiles of k block j (in a q-block program)."""
     k0 = j * cfg.block_k
     ks = pl.ds(k0, cfg.block_k)
     k_idx = k0 + jnp.arange(cfg.block_k, dtype=jnp.int32)
     kseg = r["kseg"][ks] if cfg.has_seg else None
     pk = r["pk"][ks] if cfg.has_prefix else None
     bias = r["bias"][:, ks] if cfg.has_bias else None
-    return ks, k_idx, kseg, pk, bias
+    return ks, k_idx, kseg, pk, bias, r["k"][ks, :], r["v"][ks, :]
 
 
 def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
@@ -220,9 +224,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
 
     def body(j, carry):
         m, denom, acc = carry
-        ks, k_idx, kseg, pk, bias = _k_block_inputs(cfg, r, j)
-        k = r["k"][ks, :]
-        v = r["v"][ks, :]
+        _, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         rel = _rel_tile(cfg, r, q0, j * cfg.block_k, "relband") if cfg.has_rel else None
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
                               bias, rel)
@@ -235,11 +237,8 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
         return m_new, denom_new, acc_new
 
     bq, d = cfg.block_q, cfg.head_dim_pad
-    init = (
-        jnp.full((bq,), common.NEG_INF, jnp.float32),
-        jnp.zeros((bq,), jnp.float32),
-        jnp.zeros((bq, d), jnp.float32),
-    )
+    init = (jnp.full((bq,), common.NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32),
+            jnp.zeros((bq, d), jnp.float32))
     m, denom, acc = jax.lax.fori_loop(lo, hi, body, init)
     empty = denom == 0.0  # fully-masked rows: output 0, lse 0 (finite: the backward stays finite)
     r["o"][...] = (acc / jnp.where(empty, 1.0, denom)[:, None]).astype(r["o"].dtype)
@@ -261,27 +260,14 @@ def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32."""
-    batch = q.shape[0]
     side, names = _gpu_side(cfg, side, ["q", "k", "v"] + common.side_names(cfg))
-    names = _only(names, "bucketband", "qlo", "qhi")
     specs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
-    out_shape = (
-        jax.ShapeDtypeStruct(q.shape, q.dtype),
-        jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32),
-    )
-    out_specs = (specs["q"], specs["lse"])
-    args = {"q": q, "k": k, "v": v, **side}
-    return pl.pallas_call(
-        functools.partial(_fwd_kernel, cfg=cfg, names=names),
-        out_shape=out_shape,
-        grid=(batch, cfg.num_heads, cfg.nq),
-        in_specs=[specs[n] for n in names],
-        out_specs=out_specs,
-        interpret=cfg.interpret,
-        compiler_params=_compiler_params(cfg),
-        cost_estimate=_cost(cfg, "fwd", q.dtype.itemsize, batch),
-        name="t5x_like_flash_fwd",
-    )(*[args[n] for n in names])
+    return _call(
+        cfg, _fwd_kernel, "fwd", _only(names, "bucketband", "qlo", "qhi"),
+        {"q": q, "k": k, "v": v, **side}, specs, name="t5x_like_flash_fwd",
+        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((q.shape[0], cfg.num_heads, cfg.lq_pad), jnp.float32)),
+        out_specs=(specs["q"], specs["lse"]))
 
 
 def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
@@ -322,8 +308,7 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
 
     zeros = jnp.zeros((cfg.block_k, cfg.head_dim_pad), jnp.float32)
     dk, dv = jax.lax.fori_loop(lo, hi, body, (zeros, zeros))
-    scale = cfg.sm_scale
-    r["dk"][...] = (dk * scale if scale != 1.0 else dk).astype(r["dk"].dtype)
+    r["dk"][...] = (dk * cfg.sm_scale if cfg.sm_scale != 1.0 else dk).astype(r["dk"].dtype)
     r["dv"][...] = dv.astype(r["dv"].dtype)
 
 
@@ -346,9 +331,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
 
     def body(j, carry):
         dq, dtab = carry
-        ks, k_idx, kseg, pk, bias = _k_block_inputs(cfg, r, j)
-        k = r["k"][ks, :]
-        v = r["v"][ks, :]
+        ks, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         k0 = j * cfg.block_k
         rel = _rel_tile(cfg, r, q0, k0, "relband") if cfg.has_rel else None
         bucket = _rel_tile(cfg, r, q0, k0, "bucketband") if cfg.has_rel else None
@@ -363,10 +346,8 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
             r["dbias"][:, ks] = ds
         return dq, dtab
 
-    init = (
-        jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32),
-        jnp.zeros((cfg.block_q, cfg.num_buckets_pad), jnp.float32),
-    )
+    init = (jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32),
+            jnp.zeros((cfg.block_q, cfg.num_buckets_pad), jnp.float32))
     dq, dtab = jax.lax.fori_loop(lo, hi, body, init)
     r["dq"][...] = (dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq).astype(r["dq"].dtype)
     if cfg.has_rel:
@@ -385,47 +366,25 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     dkdv_names = _only(names, "bucketband", "klo", "khi")
     names = _only(names, "qlo", "qhi")
 
-    kspecs = {**_main_specs(cfg, False), **_row_specs(cfg, False)}
     per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
     own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, cfg=cfg, names=dkdv_names),
-        out_shape=(per_head_kv, per_head_kv),
-        grid=(batch, heads, cfg.nk),
-        in_specs=[kspecs[n] for n in dkdv_names],
-        out_specs=(own_k, own_k),
-        interpret=cfg.interpret,
-        compiler_params=_compiler_params(cfg),
-        cost_estimate=_cost(cfg, "dkdv", q.dtype.itemsize, batch),
-        name="t5x_like_flash_bwd_dkdv",
-    )(*[args[n] for n in dkdv_names])
+    dk, dv = _call(cfg, _dkdv_kernel, "dkdv", dkdv_names, args,
+                   {**_main_specs(cfg, False), **_row_specs(cfg, False)},
+                   out_shape=(per_head_kv, per_head_kv), out_specs=(own_k, own_k),
+                   name="t5x_like_flash_bwd_dkdv")
 
     qspecs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
-    outs = ["dq"]
-    out_shape = [jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), jnp.float32)]
-    out_specs = [qspecs["q"]]
+    outs = {"dq": (jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), jnp.float32), qspecs["q"])}
     if cfg.has_rel:
-        outs.append("dtab")
-        out_shape.append(
-            jax.ShapeDtypeStruct((batch, heads, cfg.nq, cfg.num_buckets_pad), jnp.float32))
-        out_specs.append(
+        outs["dtab"] = (
+            jax.ShapeDtypeStruct((batch, heads, cfg.nq, cfg.num_buckets_pad), jnp.float32),
             pl.BlockSpec((None, None, None, cfg.num_buckets_pad), lambda b, h, i: (b, h, i, 0)))
     if cfg.has_bias:
-        outs.append("dbias")
-        out_shape.append(
-            jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32))
-        out_specs.append(
+        outs["dbias"] = (
+            jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32),
             pl.BlockSpec((None, None, cfg.block_q, cfg.lk_pad), lambda b, h, i: (b, h, i, 0)))
-    res = pl.pallas_call(
-        functools.partial(_dq_kernel, cfg=cfg, names=names, outs=outs),
-        out_shape=tuple(out_shape),
-        grid=(batch, heads, cfg.nq),
-        in_specs=[qspecs[n] for n in names],
-        out_specs=tuple(out_specs),
-        interpret=cfg.interpret,
-        compiler_params=_compiler_params(cfg),
-        cost_estimate=_cost(cfg, "dq", q.dtype.itemsize, batch),
-        name="t5x_like_flash_bwd_dq",
-    )(*[args[n] for n in names])
+    res = _call(cfg, functools.partial(_dq_kernel, outs=list(outs)), "dq", names, args, qspecs,
+                out_shape=tuple(shape for shape, _ in outs.values()),
+                out_specs=tuple(spec for _, spec in outs.values()), name="t5x_like_flash_bwd_dq")
     res = dict(zip(outs, res, strict=True))
     return res["dq"], dk, dv, res.get("dtab"), res.get("dbias")

@@ -21,16 +21,12 @@ caller brings: a dense `bias` and its gradient.
 Bias-gradient design. The T5 table gradient is `d_table[n, h] = sum over (b, q, k) with
 bucket(k - q) = n of dS[b, h, q, k]`. The dQ kernel (one program per (b, h, q block), looping over
 k blocks) already holds every dS tile of its row block, so it reduces each tile per bucket present
-in it (tiles farther than `max_distance` from the diagonal contain one bucket, so they cost one
-masked sum) and writes the result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny
-XLA sum outside gives `[num_buckets, H]`. On GPU the bias and bucket ids of a tile are plain block
-loads from small precomputed "bands" (`_flash_triton._rel_bands`); the buckets a tile can hold
-come from its corners in scalar arithmetic (`_flash_common.tile_bucket_bounds`), and the
-per-bucket sums, statically unrolled behind `cond`s, are row sums into a `[block_q, num_buckets]`
-register accumulator summed over rows once after the k loop: no reduction across warps (no
-barrier) inside the loop, which stays Triton's innermost loop and gets software-pipelined. On an
-H100 this made the T5 fwd+bwd 1.28x faster at length 4096 (`benchmarks/h100/`).
-No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. The
+in it (tiles farther than `max_distance` from the diagonal hold one bucket: one masked sum) and
+writes the result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside
+gives `[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory.
+On GPU the tile's bias and bucket ids are block loads from precomputed bands and the per-bucket
+sums need no cross-warp reduction in the pipelined k loop (`_flash_triton._rel_bands`,
+`_rel_grad_tile`; 1.28x faster T5 fwd+bwd at length 4096 on an H100, `benchmarks/h100/`). The
 dense-bias gradient is dS itself, written tile by tile by the same kernel (and summed outside
 over broadcast batch/head dims).
 """
@@ -168,13 +164,10 @@ def _gpu_table(arch: str | None) -> dict[int, dict[str, tuple[int, int, int, int
     return GPU_BLOCKS["sm_86"] if cc >= 80 else None
 
 
-def default_block_sizes(
-    head_dim: int, backend: str, target: Target, kernel: str = "fwd"
-) -> tuple[int, int, int, int]:
-    """(block_q, block_k, num_warps, num_stages) for a padded head_dim, backend and target.
-
-    kernel: 'fwd' (forward) or 'bwd' (the dK/dV and dQ kernels).
-    """
+def default_block_sizes(head_dim: int, backend: str, target: Target,
+                        kernel: str = "fwd") -> tuple[int, int, int, int]:
+    """(block_q, block_k, num_warps, num_stages) for a padded head_dim, backend and target;
+    kernel 'fwd' (forward) or 'bwd' (the dK/dV and dQ kernels)."""
     if kernel not in ("fwd", "bwd"):
         raise ValueError(f"kernel must be 'fwd' or 'bwd'; got {kernel!r}")
     if backend == "mosaic_tpu":
@@ -274,37 +267,13 @@ def _validate(q, k, v, causal, q_segment_ids, kv_segment_ids, prefix_mask, rel_b
         raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
 
 
-def _complete_segments(q_seg, kv_seg, lq: int, lk: int):
-    """With one side's ids missing, only the given side's padding (id 0) is masked: encode that
-    as ones vs (ids != 0), so the kernels always see the two-sided rule."""
-    if q_seg is None and kv_seg is not None:
-        kv_seg = (kv_seg != 0).astype(jnp.int32)
-        q_seg = jnp.ones((kv_seg.shape[0], lq), jnp.int32)
-    elif kv_seg is None and q_seg is not None:
-        q_seg = (q_seg != 0).astype(jnp.int32)
-        kv_seg = jnp.ones((q_seg.shape[0], lk), jnp.int32)
-    return q_seg, kv_seg
-
-
 def flash_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool = False,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    prefix_mask: jax.Array | None = None,
-    rel_bias: jax.Array | None = None,
-    rel_bidirectional: bool = True,
-    rel_max_distance: int = 128,
-    bias: jax.Array | None = None,
-    sm_scale: float = 1.0,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    bwd_block_q: int | None = None,
-    bwd_block_k: int | None = None,
-    backend: str = "auto",
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
+    q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+    prefix_mask: jax.Array | None = None, rel_bias: jax.Array | None = None,
+    rel_bidirectional: bool = True, rel_max_distance: int = 128, bias: jax.Array | None = None,
+    sm_scale: float = 1.0, block_q: int | None = None, block_k: int | None = None,
+    bwd_block_q: int | None = None, bwd_block_k: int | None = None, backend: str = "auto",
     interpret: bool | None = None,
 ) -> jax.Array:
     """softmax(sm_scale·q kᵀ + T5 rel bias + bias, masked) v, computed blockwise.
@@ -346,8 +315,7 @@ def flash_attention(
         q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq, lk, lq_pad, lk_pad)
     cfg = FlashConfig(
         backend=backend, interpret=bool(interpret), causal=bool(causal), has_seg=has_seg,
-        has_prefix=prefix_mask is not None, has_rel=rel_bias is not None,
-        has_bias=bias is not None,
+        has_prefix=prefix_mask is not None, has_rel=rel_bias is not None, has_bias=bias is not None,
         bias_batch=bias.shape[0] if bias is not None else 1,
         bias_heads=bias.shape[1] if bias is not None else 1,
         sm_scale=float(sm_scale), block_q=bq, block_k=bk, lq=lq, lk=lk, lq_pad=lq_pad,
@@ -357,11 +325,9 @@ def flash_attention(
         num_warps=warps, num_stages=stages, bwd_block_q=bwd[0], bwd_block_k=bwd[1],
         bwd_num_warps=bwd[2], bwd_num_stages=bwd[3],
     )
-    qp = _pad_axis(_pad_axis(q, 1, lq_pad), 3, dp)
-    kp = _pad_axis(_pad_axis(k, 1, lk_pad), 3, dp)
-    vp = _pad_axis(_pad_axis(v, 1, lk_pad), 3, dp)
-    out = _flash_core(cfg, qp, kp, vp, side)
-    return out[:, :lq, :, :d]
+    qp, kp, vp = (_pad_axis(_pad_axis(x, 1, length), 3, dp)
+                  for x, length in ((q, lq_pad), (k, lk_pad), (v, lk_pad)))
+    return _flash_core(cfg, qp, kp, vp, side)[:, :lq, :, :d]
 
 
 def _side_inputs(q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq: int, lk: int,
@@ -370,7 +336,14 @@ def _side_inputs(q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq:
     num_buckets). side: 'qseg' [B, Lq_pad] / 'kseg' [B, Lk_pad] int32; prefix 'pq', 'pk' and
     'plen' [B] (prefix length); 'tab' the bias table [H, nb_pad]; 'bias' [B|1, H|1, Lq_pad,
     Lk_pad]."""
-    q_segment_ids, kv_segment_ids = _complete_segments(q_segment_ids, kv_segment_ids, lq, lk)
+    # With one side's ids missing, only the given side's padding (id 0) is masked: encode that
+    # as ones vs (ids != 0), so the kernels always see the two-sided rule.
+    if q_segment_ids is None and kv_segment_ids is not None:
+        kv_segment_ids = (kv_segment_ids != 0).astype(jnp.int32)
+        q_segment_ids = jnp.ones((kv_segment_ids.shape[0], lq), jnp.int32)
+    elif kv_segment_ids is None and q_segment_ids is not None:
+        q_segment_ids = (q_segment_ids != 0).astype(jnp.int32)
+        kv_segment_ids = jnp.ones((q_segment_ids.shape[0], lk), jnp.int32)
     has_seg = q_segment_ids is not None
     side = {}
     if has_seg:
@@ -414,10 +387,9 @@ def _flash_core_bwd(cfg: FlashConfig, res, do):
     q, k, v, side, o, lse = res
     dq, dk_h, dv_h, dtab, dbias = _backend_module(cfg).backward(cfg, q, k, v, side, o, lse, do)
     b, lk_pad, h, dp = dk_h.shape
-    hkv = h // cfg.group
     # dK/dV come per q head; the kv head's gradient is the sum over its group.
-    dk = dk_h.reshape(b, lk_pad, hkv, cfg.group, dp).sum(3).astype(k.dtype)
-    dv = dv_h.reshape(b, lk_pad, hkv, cfg.group, dp).sum(3).astype(v.dtype)
+    dk, dv = (g.reshape(b, lk_pad, h // cfg.group, cfg.group, dp).sum(3).astype(x.dtype)
+              for g, x in ((dk_h, k), (dv_h, v)))
     dside = {}
     for name, x in side.items():
         if name == "tab":

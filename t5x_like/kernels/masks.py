@@ -15,14 +15,9 @@ import jax.numpy as jnp
 
 
 def attention_mask(
-    q_index: jax.Array,
-    k_index: jax.Array,
-    *,
-    causal: bool,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    q_prefix: jax.Array | None = None,
-    k_prefix: jax.Array | None = None,
+    q_index: jax.Array, k_index: jax.Array, *, causal: bool,
+    q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+    q_prefix: jax.Array | None = None, k_prefix: jax.Array | None = None,
 ) -> jax.Array | None:
     """Allowed `[..., Lq, Lk]` bool from query-side `[..., Lq]` and key-side `[..., Lk]` vectors.
 
@@ -31,10 +26,6 @@ def attention_mask(
     Returns None when everything is allowed.
     """
     mask = None
-
-    def conj(a: jax.Array | None, b: jax.Array) -> jax.Array:
-        return b if a is None else jnp.logical_and(a, b)
-
     if q_segment_ids is not None and kv_segment_ids is not None:
         q_seg = q_segment_ids[..., :, None]
         mask = jnp.logical_and(q_seg == kv_segment_ids[..., None, :], q_seg != 0)
@@ -45,8 +36,7 @@ def attention_mask(
     if causal:
         allowed = k_index[..., None, :] <= q_index[..., :, None]
         if q_prefix is not None and k_prefix is not None:
-            allowed = jnp.logical_or(
-                allowed, jnp.logical_and(q_prefix[..., :, None] != 0, k_prefix[..., None, :] != 0)
-            )
-        mask = conj(mask, allowed)
+            in_prefix = jnp.logical_and(q_prefix[..., :, None] != 0, k_prefix[..., None, :] != 0)
+            allowed = jnp.logical_or(allowed, in_prefix)
+        mask = allowed if mask is None else jnp.logical_and(mask, allowed)
     return mask

@@ -11,10 +11,7 @@ import numpy as np
 
 
 def relative_position_bucket(
-    relative_position: jnp.ndarray,
-    *,
-    bidirectional: bool = True,
-    num_buckets: int = 32,
+    relative_position: jnp.ndarray, *, bidirectional: bool = True, num_buckets: int = 32,
     max_distance: int = 128,
 ) -> jnp.ndarray:
     """Maps `relative_position = key_index - query_index` to a bucket id in [0, num_buckets).
@@ -22,11 +19,7 @@ def relative_position_bucket(
     Small offsets get a bucket each; larger ones share log-spaced buckets up to `max_distance`,
     beyond which all offsets share the last bucket. Bidirectional (encoder) attention spends half
     the buckets on keys after the query; causal (decoder) attention only sees keys at or before it.
-
-    Args:
-      relative_position: int array of any shape.
-    Returns:
-      int32 array of the same shape.
+    `relative_position`: int array of any shape; returns int32 of the same shape.
     """
     # Distance looking backwards (query after key) is positive.
     backward = -relative_position.astype(jnp.int32)

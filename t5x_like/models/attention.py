@@ -8,10 +8,8 @@ and shared by every layer. `attend(q, k, v, spec, impl=...)` then dispatches:
 - `xla`: einsum reference with an fp32 softmax (and attention-probability dropout);
 - `cudnn`: `jax.nn.dot_product_attention` (cuDNN flash attention on GPU, XLA elsewhere);
 - `pallas`: `t5x_like.kernels.flash_attention` (module `kernels/flash.py`), fed the small
-  inputs (segment ids, prefix mask, bias table), never dense masks. Under a multi-device mesh
-  the kernel runs inside `jax.shard_map` (XLA cannot partition a Pallas custom call): batch
-  over the axes the logical rules give `activation_batch`, heads over those of
-  `activation_heads` (`PallasShards`).
+  inputs (segment ids, prefix mask, bias table), never dense masks; under a multi-device mesh
+  inside `jax.shard_map` (`_attend_pallas`).
 
 Allowed(q, k) = kv segment != 0 AND same segment (when query segments are given)
 AND (not causal OR k_index <= q_index OR (prefix[q] AND prefix[k])).
@@ -20,6 +18,7 @@ AND (not causal OR k_index <= q_index OR (prefix[q] AND prefix[k])).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 
@@ -100,7 +99,10 @@ def make_mask_spec(
                     rel_max_distance=rel_max_distance, is_aligned=is_aligned)
     if impl == "pallas" and is_aligned:
         return spec
-    return spec.replace(dense_mask=dense_mask(spec), dense_bias=dense_bias(spec))
+    bias = None if rel_table is None else relative_bias(  # [B|1, heads, Lq, Lk] fp32
+        rel_table.astype(jnp.float32), q_index, k_index, bidirectional=rel_bidirectional,
+        max_distance=rel_max_distance)
+    return spec.replace(dense_mask=dense_mask(spec), dense_bias=bias)
 
 
 def dense_mask(spec: MaskSpec) -> jax.Array | None:
@@ -114,14 +116,6 @@ def dense_mask(spec: MaskSpec) -> jax.Array | None:
         kv_segment_ids=spec.kv_segment_ids, q_prefix=spec.prefix_mask,
         k_prefix=spec.prefix_mask)
     return None if allowed is None else allowed[:, None]
-
-
-def dense_bias(spec: MaskSpec) -> jax.Array | None:
-    """T5 relative-position bias `[B|1, heads, Lq, Lk]` in fp32, or None."""
-    if spec.rel_table is None:
-        return None
-    return relative_bias(spec.rel_table.astype(jnp.float32), spec.q_index, spec.k_index,
-                         bidirectional=spec.rel_bidirectional, max_distance=spec.rel_max_distance)
 
 
 def attend(
@@ -175,17 +169,14 @@ def _add_batch_shared_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
     return logits + bias
 
 
-def _add_batch_shared_bias_fwd(logits, bias):
-    return logits + bias, None
-
-
 def _add_batch_shared_bias_bwd(_, g):
     ones = jnp.ones((g.shape[0],), g.dtype)
     dbias = jax.lax.dot_general(ones, g, (((0,), (0,)), ((), ())))
     return g, dbias[None]
 
 
-_add_batch_shared_bias.defvjp(_add_batch_shared_bias_fwd, _add_batch_shared_bias_bwd)
+_add_batch_shared_bias.defvjp(lambda logits, bias: (logits + bias, None),
+                              _add_batch_shared_bias_bwd)
 
 
 def _attend_xla(q, k, v, spec, scale, float32_logits, dropout_rate, dropout_rng):
@@ -210,18 +201,11 @@ def _attend_xla(q, k, v, spec, scale, float32_logits, dropout_rate, dropout_rng)
 
 
 def _attend_cudnn(q, k, v, spec, scale):
-    on_gpu = jax.default_backend() == "gpu"
-    low_precision = q.dtype in (jnp.bfloat16, jnp.float16)
+    use_cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
     bias = None if spec.dense_bias is None else spec.dense_bias.astype(q.dtype)
     return jax.nn.dot_product_attention(
-        q,
-        k.astype(q.dtype),
-        v.astype(q.dtype),
-        bias=bias,
-        mask=spec.dense_mask,
-        scale=scale,
-        implementation="cudnn" if on_gpu and low_precision else None,
-    )
+        q, k.astype(q.dtype), v.astype(q.dtype), bias=bias, mask=spec.dense_mask, scale=scale,
+        implementation="cudnn" if use_cudnn else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,21 +223,12 @@ class PallasShards:
     dropped: tuple[str, ...]
 
 
-def _as_axes(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def _divisible_prefix(axes: tuple[str, ...], size: int, sizes: dict[str, int]):
     """Longest prefix of `axes` whose mesh-size product divides `size`, and the rest."""
-    used, product = [], 1
-    for axis in axes:
-        if size % (product * sizes[axis]):
-            break
-        used.append(axis)
-        product *= sizes[axis]
-    return tuple(used), tuple(a for a in axes if a not in used)
+    n = 0
+    while n < len(axes) and size % math.prod(sizes[a] for a in axes[: n + 1]) == 0:
+        n += 1
+    return axes[:n], axes[n:]
 
 
 def pallas_shards(mesh, batch: int, heads: int, kv_heads: int) -> PallasShards | None:
@@ -275,7 +250,11 @@ def pallas_shards(mesh, batch: int, heads: int, kv_heads: int) -> PallasShards |
     if math.prod(sizes.values()) <= 1:
         return None
     spec = nn.logical_to_mesh_axes(HEAD_AXES)
-    free = lambda entry: tuple(a for a in _as_axes(entry) if a in sizes)
+
+    def free(entry) -> tuple[str, ...]:
+        """The non-manual mesh axes of a rule's entry (None, one axis or a tuple of them)."""
+        return tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in sizes)
+
     batch_axes, dropped_b = _divisible_prefix(free(spec[0]), batch, sizes)
     head_axes, dropped_h = _divisible_prefix(free(spec[2]), heads, sizes)
     shards = math.prod(sizes[a] for a in head_axes)
@@ -324,13 +303,9 @@ def _attend_pallas(q, k, v, spec, scale):
     return sharded(q, k, v, named)
 
 
-_warned: set[str] = set()
-
-
+@functools.cache
 def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logging.getLogger(__name__).warning(message)
+    logging.getLogger(__name__).warning(message)
 
 
 class MultiHeadAttention(nn.Module):
@@ -373,9 +348,8 @@ class MultiHeadAttention(nn.Module):
             k = apply_rope(k, positions, cfg)
         if self.decode is not None:
             k, v = self._update_cache(k, v, spec)
-        dropout_rng = None
-        if not self.deterministic and cfg.dropout_rate > 0.0:
-            dropout_rng = self.make_rng("dropout")
+        dropout = not self.deterministic and cfg.dropout_rate > 0.0
+        dropout_rng = self.make_rng("dropout") if dropout else None
         out = attend(q, k, v, spec, impl=cfg.attention_impl, scale=cfg.attention_scale,
                      float32_logits=cfg.float32_attention_logits, dropout_rate=cfg.dropout_rate,
                      dropout_rng=dropout_rng)
@@ -408,16 +382,12 @@ class MultiHeadAttention(nn.Module):
             caches = (self.get_variable("cache", "cached_key"),
                       self.get_variable("cache", "cached_value"))
             start = spec.q_index[:, 0]
-        k_all, v_all = _write(caches[0], k, start), _write(caches[1], v, start)
+        # Per example b: cache[b, start[b]:start[b] + Lq] = k[b] (resp. v[b]).
+        write = lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0))
+        k_all, v_all = jax.vmap(write)(caches[0], k, start), jax.vmap(write)(caches[1], v, start)
         self._put_cache(k_all, v_all)
         return (k, v) if self.decode == "prefill" else (k_all, v_all)
 
     def _put_cache(self, k: jax.Array, v: jax.Array) -> None:
         self.put_variable("cache", "cached_key", k)
         self.put_variable("cache", "cached_value", v)
-
-
-def _write(cache: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
-    """Per example b: `cache[b, start[b]:start[b]+l] = update[b]`; `cache: [B, L, H, D]`."""
-    write = lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0))
-    return jax.vmap(write)(cache, update, start)

@@ -78,14 +78,15 @@ class TransformerConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for field, choices in (("family", families.NAMES),
-                               ("position_encoding", POSITION_ENCODINGS), ("norm", NORMS),
-                               ("attention_impl", ATTENTION_IMPLS),
-                               ("rope_scaling", ROPE_SCALINGS), ("remat_policy", REMAT_POLICIES)):
-            _check_choice(field, getattr(self, field), choices)
+        checks = [(field, getattr(self, field), choices) for field, choices in (
+            ("family", families.NAMES), ("position_encoding", POSITION_ENCODINGS),
+            ("norm", NORMS), ("attention_impl", ATTENTION_IMPLS), ("rope_scaling", ROPE_SCALINGS),
+            ("remat_policy", REMAT_POLICIES))]
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-        for act in self.mlp_activations:
-            _check_choice("mlp_activations", act, ACTIVATIONS)
+        for field, value, choices in checks + [("mlp_activations", act, ACTIVATIONS)
+                                               for act in self.mlp_activations]:
+            if value not in choices:
+                raise ValueError(f"{field}={value!r}; expected one of {choices}")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
         if self.shared_encoder_decoder and self.num_encoder_layers != self.num_decoder_layers:
@@ -110,15 +111,12 @@ class TransformerConfig:
 
     @property
     def shares_layers(self) -> bool:
-        """True when the encoder runs on the decoder's layer weights (`shared_encoder_decoder`
-        of an encoder-decoder; the decoder-only families ignore that field)."""
+        """True when an encoder-decoder's encoder runs on the decoder's layer weights."""
         return self.has_encoder and self.shared_encoder_decoder
 
     def layer_stacks(self) -> dict[str, int]:
         """Stacks of identical layers whose depths change independently -> their depth:
-        'decoder' (+ 'encoder' for an encoder-decoder), or one 'shared' stack when encoder and
-        decoder share their layers. `plan/activations.py` traces 1-2 layers per stack and
-        extrapolates."""
+        'decoder' (+ 'encoder' for an encoder-decoder), or one 'shared' stack (`shares_layers`)."""
         if self.shares_layers:
             return {"shared": self.num_decoder_layers}
         stacks = {"decoder": self.num_decoder_layers}
@@ -160,8 +158,3 @@ class TransformerConfig:
     def replace(self, **changes) -> TransformerConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
-
-
-def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{field}={value!r}; expected one of {choices}")

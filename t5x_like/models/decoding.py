@@ -75,9 +75,8 @@ class SamplingState:
     cache: Any            # the caller's cache, rows along `cache_axes`
 
 
-def _filter_logits(
-    logits: jax.Array, top_k: int | jax.Array, top_p: float | jax.Array
-) -> jax.Array:
+def _filter_logits(logits: jax.Array, top_k: int | jax.Array,
+                   top_p: float | jax.Array) -> jax.Array:
     """Sets logits `[N, V]` outside the top-k, then outside the top-p nucleus of what remains,
     to NEG_INF. `top_k` (0 = off) and `top_p` (>= 1 = off) may be traced; ties are kept.
     """
@@ -94,17 +93,9 @@ def _filter_logits(
 
 
 def temperature_sample(
-    logits: jax.Array,
-    cache: Any,
-    tokens_to_logits: TokensToLogits,
-    *,
-    max_decode_length: int,
-    cache_axes: Any = None,
-    rng: jax.Array | None = None,
-    temperature: float | jax.Array = 1.0,
-    top_k: int | jax.Array = 0,
-    top_p: float | jax.Array = 1.0,
-    num_decodes: int = 1,
+    logits: jax.Array, cache: Any, tokens_to_logits: TokensToLogits, *, max_decode_length: int,
+    cache_axes: Any = None, rng: jax.Array | None = None, temperature: float | jax.Array = 1.0,
+    top_k: int | jax.Array = 0, top_p: float | jax.Array = 1.0, num_decodes: int = 1,
     eos_id: int | jax.Array = EOS_ID,
 ) -> dict[str, jax.Array]:
     """Ancestral sampling from `softmax(filter(logits) / temperature)`, starting from the
@@ -158,13 +149,8 @@ def temperature_sample(
 
 
 def greedy_decode(
-    logits: jax.Array,
-    cache: Any,
-    tokens_to_logits: TokensToLogits,
-    *,
-    max_decode_length: int,
-    cache_axes: Any = None,
-    eos_id: int | jax.Array = EOS_ID,
+    logits: jax.Array, cache: Any, tokens_to_logits: TokensToLogits, *, max_decode_length: int,
+    cache_axes: Any = None, eos_id: int | jax.Array = EOS_ID,
 ) -> dict[str, jax.Array]:
     """Argmax decoding (one decode per example). Returns the module-doc dict, N = 1."""
     return temperature_sample(logits, cache, tokens_to_logits, cache_axes=cache_axes,
@@ -173,14 +159,8 @@ def greedy_decode(
 
 
 # Scoring a closed set of continuations (rank classification) --------------------------------
-def score_continuations(
-    logits: jax.Array,
-    cache: Any,
-    tokens_to_logits: TokensToLogits,
-    candidates: jax.Array,
-    *,
-    cache_axes: Any = None,
-) -> jax.Array:
+def score_continuations(logits: jax.Array, cache: Any, tokens_to_logits: TokensToLogits,
+                        candidates: jax.Array, *, cache_axes: Any = None) -> jax.Array:
     """Log-likelihood `[B, C]` of each of C continuations shared by all B prompts.
 
     `candidates [C, T]` are token ids (right-padded with 0; padding is not scored). Copies each
@@ -251,16 +231,9 @@ def _best_finished(state: BeamState, seqs: jax.Array, scores: jax.Array, log_pro
 
 
 def beam_search(
-    logits: jax.Array,
-    cache: Any,
-    tokens_to_logits: TokensToLogits,
-    *,
-    max_decode_length: int,
-    cache_axes: Any = None,
-    num_beams: int = 4,
-    num_decodes: int | None = None,
-    alpha: float | jax.Array = 0.6,
-    eos_id: int | jax.Array = EOS_ID,
+    logits: jax.Array, cache: Any, tokens_to_logits: TokensToLogits, *, max_decode_length: int,
+    cache_axes: Any = None, num_beams: int = 4, num_decodes: int | None = None,
+    alpha: float | jax.Array = 0.6, eos_id: int | jax.Array = EOS_ID,
 ) -> dict[str, jax.Array]:
     """Beam search with length penalty `((5 + len) / 6) ** alpha` from the next-token
     `logits [B, V]` and `cache` of B prompts; returns the best `num_decodes` (default
@@ -322,7 +295,6 @@ def decode(model: Any, params: Any, batch: Batch, **kwargs: Any) -> dict[str, ja
     return model.decode(params, batch, **kwargs)
 
 
-def score_candidates(model: Any, params: Any, batch: Batch,
-                     candidates: jax.Array) -> jax.Array:
+def score_candidates(model: Any, params: Any, batch: Batch, candidates: jax.Array) -> jax.Array:
     """`model.score_candidates(params, batch, candidates)` (see `BaseModel.score_candidates`)."""
     return model.score_candidates(params, batch, candidates)

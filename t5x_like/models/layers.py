@@ -41,19 +41,13 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
 
 @jax.custom_vjp
 def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """`x [..., in] @ kernel [in, out]`, with the kernel gradient as one contraction.
+    """`x [..., in] @ kernel [in, out]` (`jnp.dot`), with the kernel gradient as one contraction.
 
-    The math is `jnp.dot`'s. Only the backward pass is spelled out: the kernel gradient
-    `dot_general(x, g)` contracts every leading axis in place. JAX's own transpose rule emits
-    `transpose(dot_general(g, x))`, and XLA:CPU folds that transpose into the operands by
-    writing `g` transposed, a strided copy of every MLP and projection gradient that cost
-    about 30% of T5-small's backward pass (docs/training.md, "Speed on CPU").
+    The backward pass's `dot_general(x, g)` contracts every leading axis in place. JAX's own
+    rule, `transpose(dot_general(g, x))`, makes XLA:CPU write `g` transposed: a strided copy
+    of every projection gradient, ~30% of T5-small's backward (docs/training.md, "Speed on CPU").
     """
     return jnp.dot(x, kernel)
-
-
-def _project_fwd(x: jax.Array, kernel: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    return jnp.dot(x, kernel), (x, kernel)
 
 
 def _project_bwd(res: tuple[jax.Array, ...], g: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -64,7 +58,7 @@ def _project_bwd(res: tuple[jax.Array, ...], g: jax.Array) -> tuple[jax.Array, j
     return dx.astype(x.dtype), dkernel.astype(kernel.dtype)
 
 
-project.defvjp(_project_fwd, _project_bwd)
+project.defvjp(lambda x, kernel: (jnp.dot(x, kernel), (x, kernel)), _project_bwd)
 
 
 class Dense(nn.Module):
@@ -136,11 +130,8 @@ def make_norm(config: TransformerConfig, name: str) -> nn.Module:
 
 
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "relu": nn.relu,
-    "gelu": lambda x: nn.gelu(x, approximate=True),
-    "silu": nn.silu,
-    "linear": lambda x: x,
-}
+    "relu": nn.relu, "gelu": lambda x: nn.gelu(x, approximate=True), "silu": nn.silu,
+    "linear": lambda x: x}
 
 
 class MlpBlock(nn.Module):
@@ -194,13 +185,6 @@ def make_token_embedder(config: TransformerConfig, name: str = "token_embedder")
                  param_dtype=config.parameter_dtype, name=name)
 
 
-def make_position_embedder(config: TransformerConfig) -> Embed:
-    """Learned absolute positions `[max_position_embeddings, embed]` (GPT-2 style)."""
-    return Embed(config.max_position_embeddings, config.emb_dim, axes=(None, "embed"),
-                 dtype=config.activation_dtype, param_dtype=config.parameter_dtype,
-                 embedding_init=nn.initializers.normal(stddev=0.02), name="position_embedder")
-
-
 class RelativePositionBias(nn.Module):
     """T5's bucketed relative-position bias table `rel_embedding: [heads, buckets]`.
 
@@ -244,16 +228,15 @@ def rope_frequencies(config: TransformerConfig) -> tuple[np.ndarray, float]:
     """
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_base ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    factor = config.rope_scaling_factor
+    factor, mscale = config.rope_scaling_factor, 1.0
     if config.rope_scaling == "linear":
-        return (inv_freq / factor).astype(np.float32), 1.0
-    if config.rope_scaling == "yarn":
+        inv_freq = inv_freq / factor
+    elif config.rope_scaling == "yarn":
         rotations = config.rope_original_max_length * inv_freq / (2 * math.pi)
         keep = np.clip((rotations - 1.0) / (32.0 - 1.0), 0.0, 1.0)
         inv_freq = keep * inv_freq + (1.0 - keep) * inv_freq / factor
         mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        return inv_freq.astype(np.float32), mscale
-    return inv_freq.astype(np.float32), 1.0
+    return inv_freq.astype(np.float32), mscale
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, config: TransformerConfig) -> jax.Array:

@@ -141,11 +141,6 @@ class BaseModel(abc.ABC):
         extras (`encoder_input_tokens`, `decoder_causal_attention`)."""
 
     @abc.abstractmethod
-    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
-        """Training FLOPs (forward + backward) of one example by part: `matmuls` (the layers'
-        weight matmuls), `attention` (scores and mixing) and `output` (the logits layer)."""
-
-    @abc.abstractmethod
     def prompt_batch(self, inputs: Rows, decoder_prompts: Rows | None = None, *,
                      input_length: int) -> dict[str, np.ndarray]:
         """The `decode` batch (int32 numpy) of prompts: `inputs` are each example's input ids
@@ -189,6 +184,32 @@ class BaseModel(abc.ABC):
         if record.prefix_attention:
             features["decoder_causal_attention"] = features["decoder_target_tokens"]
         return {k: jnp.zeros((batch_size, n), jnp.int32) for k, n in features.items()}
+
+    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
+        """Training FLOPs (forward + backward) of one example by part: `matmuls` (the layers'
+        weight matmuls), `attention` (scores and mixing) and `output` (the logits layer).
+
+        6·(params used)·(tokens) for every matmul (PaLM appendix B): encoder layers on its Li
+        tokens, decoder layers on their Lt (decoder-only: L = inputs + targets), cross-attention
+        query/out on Lt and key/value on Li, the output layer on Lt; attention scores and
+        mixing 12·heads·head_dim·Lq·Lk per layer (full, unmasked matrices: what the XLA path
+        computes). Remat recomputation is not counted.
+        """
+        cfg = self.config
+        lengths = cfg.family_record.stack_lengths(sequence_length)
+        li, lt = lengths.get("encoder", 0), lengths["decoder"]
+        q_out = 2 * cfg.emb_dim * cfg.num_heads * cfg.head_dim
+        kv = 2 * cfg.emb_dim * cfg.kv_heads * cfg.head_dim
+        mlp = (len(cfg.mlp_activations) + 1) * cfg.emb_dim * cfg.mlp_dim
+        cross = 6 * lt * q_out + 6 * li * kv if self.has_encoder else 0
+        hd = cfg.num_heads * cfg.head_dim
+        return {
+            "matmuls": cfg.num_encoder_layers * 6 * li * (q_out + kv + mlp)
+            + cfg.num_decoder_layers * (6 * lt * (q_out + kv + mlp) + cross),
+            "attention": cfg.num_encoder_layers * 12 * hd * li * li
+            + cfg.num_decoder_layers * 12 * hd * (lt * lt + lt * li),
+            "output": 6 * lt * cfg.emb_dim * cfg.vocab_size,
+        }
 
     def flops_per_sequence(self, sequence_length: Mapping[str, int]) -> float:
         """Analytic training FLOPs of one example: the sum of `flops_breakdown` (for MFU)."""
@@ -260,10 +281,9 @@ class BaseModel(abc.ABC):
     def init_cache(self, params: Params, batch: Batch, max_decode_length: int) -> Cache:
         """Empty cache for decoding from position 0 (encoder-decoders: encodes the inputs)."""
         size = next(iter(batch.values())).shape[0]
-        start = dict(batch)
-        start["decoder_input_tokens"] = jnp.zeros((size, 1), jnp.int32)
-        start["prompt_lengths"] = jnp.zeros((size,), jnp.int32)
-        start.pop("decoder_causal_attention", None)
+        start = {k: v for k, v in batch.items() if k != "decoder_causal_attention"}
+        start.update(decoder_input_tokens=jnp.zeros((size, 1), jnp.int32),
+                     prompt_lengths=jnp.zeros((size,), jnp.int32))
         return self.prefill(params, start, max_decode_length)[1]
 
     def decode_step(
@@ -307,15 +327,17 @@ class BaseModel(abc.ABC):
         return _score_candidates_jit(self, params, batch, candidates)
 
     def _decoding_start(self, params: Params, batch: Batch, max_decode_length: int
-                        ) -> tuple[jax.Array, Cache, Any]:
+                        ) -> tuple[jax.Array, Cache, decoding.TokensToLogits, Any]:
         """Prefills the prompts of `batch` for `max_decode_length` more tokens; returns the
-        next-token logits `[B, V]`, the cache and its batch axes (`decoding.gather_rows`)."""
+        next-token logits `[B, V]`, the cache, `decode_step` as `tokens_to_logits` and the
+        cache's batch axes (`decoding.gather_rows`)."""
         prompt = self.decode_prompt(batch)
         width = prompt["decoder_input_tokens"].shape[1]
         cache_length = width + max_decode_length
         logits, cache = self.prefill(params, prompt, cache_length)
         last = jnp.take_along_axis(logits, (prompt["prompt_lengths"] - 1)[:, None, None], axis=1)
-        return last[:, 0], cache, self._cache_batch_axes(params, prompt, cache_length)
+        step = lambda tokens, cache: self.decode_step(params, cache, tokens)
+        return last[:, 0], cache, step, self._cache_batch_axes(params, prompt, cache_length)
 
     def _cache_batch_axes(self, params: Params, prompt: Batch, cache_length: int) -> Any:
         """Per cache leaf, the axis that grows with the batch (None for batch-free leaves).
@@ -348,21 +370,18 @@ _DECODE_DYNAMIC = {
 def _decode_jit(model: BaseModel, params: Params, batch: Batch, rng: jax.Array | None,
                 dynamic: dict[str, jax.Array], method: str, options: tuple) -> dict:
     kwargs = {**dict(options), **dynamic}
-    logits, cache, axes = model._decoding_start(params, batch, kwargs["max_decode_length"])
-    step = lambda tokens, cache: model.decode_step(params, cache, tokens)
-    if method == "greedy":
-        return decoding.greedy_decode(logits, cache, step, cache_axes=axes, **kwargs)
     if method == "sample":
-        return decoding.temperature_sample(logits, cache, step, cache_axes=axes, rng=rng,
-                                           **kwargs)
-    return decoding.beam_search(logits, cache, step, cache_axes=axes, **kwargs)
+        kwargs["rng"] = rng
+    logits, cache, step, axes = model._decoding_start(params, batch, kwargs["max_decode_length"])
+    algorithm = {"greedy": decoding.greedy_decode, "sample": decoding.temperature_sample,
+                 "beam": decoding.beam_search}[method]
+    return algorithm(logits, cache, step, cache_axes=axes, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _score_candidates_jit(model: BaseModel, params: Params, batch: Batch,
                           candidates: jax.Array) -> jax.Array:
-    logits, cache, axes = model._decoding_start(params, batch, candidates.shape[1])
-    step = lambda tokens, cache: model.decode_step(params, cache, tokens)
+    logits, cache, step, axes = model._decoding_start(params, batch, candidates.shape[1])
     return decoding.score_continuations(logits, cache, step, candidates, cache_axes=axes)
 
 
@@ -438,25 +457,6 @@ class EncoderDecoderModel(BaseModel):
                                  encoded=encoded, encoder_segment_ids=enc_seg, **prefill)
 
         return self.module.apply({"params": params}, method=run, mutable=["cache"])
-
-    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
-        """For one `{'inputs': Li, 'targets': Lt}` example: 6·(params used)·(tokens) for every
-        matmul — encoder layers on Li tokens, decoder layers on Lt, cross-attention K/V
-        projections on Li, the output layer on Lt — plus the attention scores and mixing,
-        12·heads·head_dim·Lq·Lk per layer (full, unmasked matrices: what the XLA path
-        computes). Remat recomputation is not counted.
-        """
-        cfg = self.config
-        li, lt = sequence_length["inputs"], sequence_length["targets"]
-        q_out, kv, mlp = _layer_matmul_params(cfg)
-        hd = cfg.num_heads * cfg.head_dim
-        return {
-            "matmuls": cfg.num_encoder_layers * 6 * li * (q_out + kv + mlp)
-            + cfg.num_decoder_layers * (6 * lt * (2 * q_out + kv + mlp) + 6 * li * kv),
-            "attention": cfg.num_encoder_layers * 12 * hd * li * li
-            + cfg.num_decoder_layers * 12 * hd * (lt * lt + lt * li),
-            "output": 6 * lt * cfg.emb_dim * cfg.vocab_size,
-        }
 
 
 class DecoderOnlyModel(BaseModel):
@@ -538,29 +538,6 @@ class DecoderOnlyModel(BaseModel):
                 "decoder_input_tokens": np.pad(seq[:, :-1], ((0, 0), (1, 0))),
                 "decoder_loss_weights": weights, "decoder_segment_ids": segments,
                 "decoder_causal_attention": causal}
-
-    def flops_breakdown(self, sequence_length: Mapping[str, int]) -> dict[str, int]:
-        """For one sequence of L = inputs + targets tokens (PaLM appendix B): 6·N·L for the
-        layers' matmuls, 12·layers·heads·head_dim·L² for attention (full matrices, as
-        computed), 6·L·emb_dim·vocab for the output layer.
-        """
-        cfg = self.config
-        length = cfg.family_record.stack_lengths(sequence_length)["decoder"]
-        q_out, kv, mlp = _layer_matmul_params(cfg)
-        hd = cfg.num_heads * cfg.head_dim
-        return {
-            "matmuls": cfg.num_decoder_layers * 6 * length * (q_out + kv + mlp),
-            "attention": cfg.num_decoder_layers * 12 * hd * length * length,
-            "output": 6 * length * cfg.emb_dim * cfg.vocab_size,
-        }
-
-
-def _layer_matmul_params(cfg: TransformerConfig) -> tuple[int, int, int]:
-    """Matmul parameters of one layer: (query + out, key + value, MLP)."""
-    q_out = 2 * cfg.emb_dim * cfg.num_heads * cfg.head_dim
-    kv = 2 * cfg.emb_dim * cfg.kv_heads * cfg.head_dim
-    mlp = (len(cfg.mlp_activations) + 1) * cfg.emb_dim * cfg.mlp_dim
-    return q_out, kv, mlp
 
 
 def pad_ids(rows: Rows, width: int | None = None) -> np.ndarray:

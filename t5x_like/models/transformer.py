@@ -30,7 +30,6 @@ from t5x_like.models.layers import (
     constrain,
     make_dense,
     make_norm,
-    make_position_embedder,
     make_token_embedder,
 )
 
@@ -74,10 +73,8 @@ class DecoderLayer(nn.Module):
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
         if cross_spec is not None:
             h = make_norm(cfg, "pre_cross_attention_layer_norm")(x)
-            h = MultiHeadAttention(cfg, is_cross=True, name="encoder_decoder_attention", **attn)(
-                h, encoded, cross_spec
-            )
-            x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det)
+            cross = MultiHeadAttention(cfg, is_cross=True, name="encoder_decoder_attention", **attn)
+            x = x + nn.Dropout(cfg.dropout_rate)(cross(h, encoded, cross_spec), deterministic=det)
         h = make_norm(cfg, "pre_mlp_layer_norm")(x)
         h = MlpBlock(cfg, name="mlp")(h, det)
         x = constrain(x + nn.Dropout(cfg.dropout_rate)(h, deterministic=det), BATCH_LENGTH_EMBED)
@@ -96,31 +93,28 @@ def run_layers(
     """Applies `num_layers` layers (named `layers_N`, or one scanned `layers`) with remat."""
     cls = parent_cls
     if config.remat_policy != "none":
-        cls = nn.remat(
-            cls, policy=CHECKPOINT_POLICIES[config.remat_policy], prevent_cse=not config.scan_layers
-        )
+        cls = nn.remat(cls, policy=CHECKPOINT_POLICIES[config.remat_policy],
+                       prevent_cse=not config.scan_layers)
     if not config.scan_layers:
         for i in range(num_layers):
             x = cls(config, name=f"layers_{i}", **attrs)(x, *args)
         return x
-    scanned = nn.scan(
-        cls,
-        variable_axes={"params": 0, "cache": 0},
-        split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast,) * len(args),
-        length=num_layers,
-        metadata_params={nn.PARTITION_NAME: "layers"},
-    )
-    x, _ = scanned(config, name="layers", **attrs)(x, *args)
-    return x
+    scanned = nn.scan(cls, variable_axes={"params": 0, "cache": 0},
+                      split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast,) * len(args), length=num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+    return scanned(config, name="layers", **attrs)(x, *args)[0]
 
 
 def _embed(cfg: TransformerConfig, embedder: Embed, tokens: jax.Array, positions: jax.Array,
            deterministic: bool) -> jax.Array:
     """Token (+ learned absolute position) embeddings with dropout: `[B, L] -> [B, L, embed]`."""
     x = embedder(tokens)
-    if cfg.position_encoding == "absolute":
-        x = x + make_position_embedder(cfg)(positions)
+    if cfg.position_encoding == "absolute":  # learned positions `[max_position_embeddings, embed]`
+        x = x + Embed(cfg.max_position_embeddings, cfg.emb_dim, axes=(None, "embed"),
+                      dtype=cfg.activation_dtype, param_dtype=cfg.parameter_dtype,
+                      embedding_init=nn.initializers.normal(stddev=0.02),
+                      name="position_embedder")(positions)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     return constrain(x.astype(cfg.activation_dtype), BATCH_LENGTH_EMBED)
 
@@ -194,8 +188,7 @@ class Decoder(nn.Module):
     ) -> jax.Array:
         cfg = self.config
         embedder = self.shared_embedding
-        if embedder is None:
-            embedder = make_token_embedder(cfg)
+        embedder = make_token_embedder(cfg) if embedder is None else embedder
         if as_encoder:
             return _encode(cfg, embedder, tokens, segment_ids, positions, deterministic,
                            layer=DecoderLayer, relpos="encoder_relpos_bias")
@@ -225,7 +218,11 @@ class Decoder(nn.Module):
                        max_decode_length=max_decode_length)
         x = make_norm(cfg, "decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-        return constrain(self._logits(embedder, x), LOGITS_AXES)
+        if cfg.logits_via_embedding:
+            logits = embedder.attend(x) / jnp.sqrt(jnp.asarray(cfg.emb_dim, x.dtype))
+        else:
+            logits = make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), "logits_dense")(x)
+        return constrain(logits.astype(jnp.float32), LOGITS_AXES)
 
     def _rel_args(self, table: jax.Array | None) -> dict:
         """The self-attention spec's relative bias (unidirectional) and attention impl."""
@@ -254,14 +251,6 @@ class Decoder(nn.Module):
         self.put_variable("cache", "cache_length", jnp.zeros((max_decode_length, 0), jnp.int32))
         if encoder_segment_ids is not None:
             self.put_variable("cache", "encoder_segment_ids", encoder_segment_ids)
-
-    def _logits(self, embedder: Embed, x: jax.Array) -> jax.Array:
-        cfg = self.config
-        if cfg.logits_via_embedding:
-            logits = embedder.attend(x) / jnp.sqrt(jnp.asarray(cfg.emb_dim, x.dtype))
-        else:
-            logits = make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), "logits_dense")(x)
-        return logits.astype(jnp.float32)
 
 
 class EncoderDecoder(nn.Module):

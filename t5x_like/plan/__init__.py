@@ -3,22 +3,19 @@
 ``plan(config, batch_size=..., sequence_length=..., mesh_shape=..., preset=..., optimizer=...,
 remat=...)`` computes, per device and without allocating anything:
 
-- parameters and optimizer state: ``jax.eval_shape`` of the model init and of the optimizer's
-  ``init``, partitioned with ``train.partitioning``'s own rules on an ``AbstractMesh`` of the
-  requested shape, so no devices are needed; each leaf's shard shape is exact (an indivisible
-  dimension stays replicated, as in training);
-- gradients: fp32 like the parameters and sharded like them (twice that with microbatching:
-  the accumulator and the current microbatch's gradients). On an accelerator they do not add
-  to the activations: XLA:TPU's peak is where the backward pass starts, with every residual
-  and the f32 logits gradient live and almost no parameter gradient yet; gradients accumulate
-  as residuals are freed (``temp = max(activations + logits gradient, gradients)``, plus the
-  microbatch accumulator and the gathered weights). XLA:CPU (``compiler='cpu'``) holds both;
+- parameters and optimizer state: ``jax.eval_shape`` of the model and optimizer init, sharded
+  with ``train.partitioning``'s rules on an ``AbstractMesh`` (exact shard shapes, no devices;
+  an indivisible dimension stays replicated, as in training);
+- gradients: fp32, sharded like the parameters (twice with microbatching: the accumulator).
+  On an accelerator the peak is where the backward pass starts (every residual and the f32
+  logits gradient live, almost no parameter gradient yet), so ``temp = max(activations +
+  logits gradient, gradients)`` plus the accumulator and the gathered weights; XLA:CPU
+  (``compiler='cpu'``) holds both;
 - all-gathered weights: with sharded parameters, two layers' full weights in the activation
   dtype (the layer being computed and the next one being gathered);
-- activations: the residuals ``jax.vjp`` of the loss saves for the backward pass, per
-  ``remat_policy`` (``activations``): by default those XLA:TPU / XLA:GPU keep after fusion;
-  with ``compiler='cpu'`` every one, as XLA:CPU keeps them (2.5x XLA:TPU's total for T5-base
-  on v5e-16);
+- activations: the residuals ``jax.vjp`` of the loss saves per ``remat_policy``
+  (``activations``): those XLA:TPU / XLA:GPU keep after fusion, or with ``compiler='cpu'``
+  every one (2.5x XLA:TPU's total for T5-base on v5e-16);
 - FLOPs per step: ``model.flops_per_sequence`` x batch, plus what each remat policy recomputes.
 
 On an accelerator the temporaries are scaled by ``HEAP_OVERHEAD`` (allocator fragmentation);
@@ -95,21 +92,11 @@ def gathered_weight_bytes(params: Any, dtype: Any, model_axis: int = 1) -> float
     return 2.0 * max(groups.values()) * jnp.dtype(dtype).itemsize / model_axis
 
 
-def plan(
-    config: TransformerConfig,
-    *,
-    batch_size: int,
-    sequence_length: Mapping[str, int],
-    mesh_shape: Sequence[int],
-    preset: str = "fsdp",
-    optimizer: str | Optimizer = "adafactor",
-    remat: str | None = None,
-    num_microbatches: int = 1,
-    num_devices: int | None = None,
-    device_memory_gb: float | None = None,
-    packed: bool = True,
-    compiler: str = "accelerator",
-) -> dict[str, Any]:
+def plan(config: TransformerConfig, *, batch_size: int, sequence_length: Mapping[str, int],
+         mesh_shape: Sequence[int], preset: str = "fsdp", optimizer: str | Optimizer = "adafactor",
+         remat: str | None = None, num_microbatches: int = 1, num_devices: int | None = None,
+         device_memory_gb: float | None = None, packed: bool = True,
+         compiler: str = "accelerator") -> dict[str, Any]:
     """Per-device memory (bytes) and FLOPs of one training step; see the module docstring.
 
     ``mesh_shape``: ``(data, fsdp, model)``, one -1 allowed with ``num_devices``. ``remat``: the
@@ -151,22 +138,16 @@ def plan(
         "family": config.family,
         "num_params": sum(math.prod(a.shape) for a in jax.tree.leaves(params)),
         "mesh": dict(zip(partitioning.MESH_AXES, shape, strict=True)),
-        "num_devices": math.prod(shape),
-        "preset": preset,
+        "num_devices": math.prod(shape), "preset": preset,
         "optimizer": optimizer if isinstance(optimizer, str) else "custom",
-        "batch_size": batch_size,
-        "num_microbatches": num_microbatches,
-        "per_device_batch": per_device_batch,
-        "sequence_length": dict(sequence_length),
+        "batch_size": batch_size, "num_microbatches": num_microbatches,
+        "per_device_batch": per_device_batch, "sequence_length": dict(sequence_length),
         "remat": remat,
         "bytes_per_device": {**state, "gathered_weights": gathered, "activations": acts,
                              "logits_gradient": logits_grad, "temp": temp, "total": totals},
-        "global_bytes": whole,
-        "total_bytes": totals[remat],
-        "device_memory_bytes": memory,
+        "global_bytes": whole, "total_bytes": totals[remat], "device_memory_bytes": memory,
         "fits": None if memory is None else totals[remat] <= memory,
-        "flops_per_step": flops,
-        "flops_per_device_per_step": flops / math.prod(shape),
+        "flops_per_step": flops, "flops_per_device_per_step": flops / math.prod(shape),
         "recompute_flops_per_step": _recompute_flops(parts, flops, batch_size),
     }
 
@@ -314,12 +295,9 @@ def format_plan(result: Mapping[str, Any]) -> str:
         verdict = "fits" if result["fits"] else "does NOT fit"
         lines.append(f"  total (remat={result['remat']}) {gib(result['total_bytes'])} of "
                      f"{mem / GIB:.0f} GiB: {verdict}")
-    lines += [
-        "",
-        f"FLOPs/step {result['flops_per_step']:.4g} (per device "
-        f"{result['flops_per_device_per_step']:.4g}); remat={result['remat']} recomputes "
-        f"{result['recompute_flops_per_step'][result['remat']]:.3g} more per step",
-    ]
+    lines += ["", f"FLOPs/step {result['flops_per_step']:.4g} (per device "
+              f"{result['flops_per_device_per_step']:.4g}); remat={result['remat']} recomputes "
+              f"{result['recompute_flops_per_step'][result['remat']]:.3g} more per step"]
     return "\n".join(lines)
 
 
@@ -412,18 +390,6 @@ def _plan_from_flags(args: argparse.Namespace, config: TransformerConfig) -> dic
     return result
 
 
-def _print_result(result: Mapping[str, Any], as_json: bool) -> None:
-    """The plan as JSON, or as the table with the reproducing flags and the fit advice."""
-    if as_json:
-        print(json.dumps(result, indent=1))
-        return
-    print(format_plan(result))
-    if "gin_flags" in result:
-        print("\nreproduce with: " + " ".join(result["gin_flags"]))
-    if result.get("fits") is False:
-        print("\n" + _fit_advice(result.get("fits_with")))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m t5x_like.plan``; returns the exit status (1: does not fit, 2: bad config)."""
     if not os.environ.get("JAX_PLATFORMS"):  # shapes and arithmetic only: never initialise a
@@ -451,5 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:  # gin_utils.ConfigError too
         print(f"error: {err}", file=sys.stderr)
         return 2
-    _print_result(result, args.json)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:  # the table, the flags that reproduce it and the fit advice
+        print(format_plan(result))
+        if "gin_flags" in result:
+            print("\nreproduce with: " + " ".join(result["gin_flags"]))
+        if result.get("fits") is False:
+            print("\n" + _fit_advice(result.get("fits_with")))
     return 0 if result.get("fits") is not False else 1

@@ -30,25 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The flags."""
     p = argparse.ArgumentParser(prog="python -m t5x_like.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sweep", default=None, help="comma-separated sweep gin files")
+    p.add_argument("--sweep", help="comma-separated sweep gin files")
     p.add_argument("--scale", default="tiny", help="micro|tiny|small|paper or a scale .gin file")
-    p.add_argument("--seeds", type=flags.positive_int, default=None,
-                   help="seeds per row (default: the scale's)")
+    p.add_argument("--seeds", type=flags.positive_int, help="seeds per row (default: the scale's)")
     p.add_argument("--parallel", type=flags.positive_int, default=1, help="cells run at once")
-    p.add_argument("--rows", default=None, help="comma-separated row names (or table:row)")
-    p.add_argument("--sweep_dir", default=None, help="default: runs/sweeps/<scale>")
-    p.add_argument("--archive", default=None,
-                   help="finished cells' records, one .jsonl.gz file (or a directory, the "
-                        "earlier layout): restored first, each new cell added")
+    p.add_argument("--rows", help="comma-separated row names (or table:row)")
+    p.add_argument("--sweep_dir", help="default: runs/sweeps/<scale>")
+    p.add_argument("--archive", help="finished cells' records, one .jsonl.gz file (or a directory, "
+                   "the earlier layout): restored first, each new cell added")
     p.add_argument("--print_commands", action="store_true",
                    help="print one shell command per unfinished cell instead of running")
     p.add_argument("--report_only", action="store_true", help="only regenerate the reports")
-    p.add_argument("--out", default=None,
-                   help="also write the report to this path prefix (<out>.md/.json/_*.png)")
-    p.add_argument("--run_cell", default=None, help="run the one cell dir holding cell.json")
-    p.add_argument("--init_cell", default=None,
-                   help="write a control cell's freshly initialised model into DIR/pretrain "
-                        "(what the runner runs instead of pre-training it)")
+    p.add_argument("--out", help="also write the report to this path prefix "
+                   "(<out>.md/.json/_*.png)")
+    p.add_argument("--run_cell", help="run the one cell dir holding cell.json")
+    p.add_argument("--init_cell", help="write a control cell's freshly initialised model into "
+                   "DIR/pretrain (what the runner runs instead of pre-training it)")
     return p
 
 
@@ -78,8 +75,7 @@ def main(argv: Sequence[str]) -> int:
         if len(set(tables)) != len(tables):
             raise grid.SweepError(f"two sweep files name the same table: {tables}")
         scale = grid.load_scale(args.scale)
-        cells = grid.expand(specs, scale, seeds=args.seeds,
-                            rows=args.rows.split(",") if args.rows else None)
+        cells = grid.expand(specs, scale, seeds=args.seeds, rows=args.rows and args.rows.split(","))
     except grid.SweepError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -102,8 +98,7 @@ def main(argv: Sequence[str]) -> int:
         start = time.time()
         failures = runner.run_cells(cells, scale, sweep_dir, parallel=args.parallel,
                                     archive=args.archive)
-        print(f"[sweep] finished in {time.time() - start:.0f}s, {len(failures)} failed",
-              flush=True)
+        print(f"[sweep] finished in {time.time() - start:.0f}s, {len(failures)} failed", flush=True)
     from t5x_like.sweep import report
 
     data = report.build(specs, cells, sweep_dir, scale.name)

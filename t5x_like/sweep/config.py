@@ -4,11 +4,8 @@ A sweep file (`gin/sweeps/t5_table*.gin`) binds `sweep.*`: the table id, title, 
 files every cell starts from, and `sweep.rows`, one line per row: `'row name': [gin files and
 bindings]` (an entry ending in `.gin` is a file, anything else a binding). A scale file
 (`gin/sweeps/scales/*.gin`) is a train config (size, steps, batch, vocabulary) that also binds
-`sweep_scale.*` (inputs length, corpus, how to fine-tune and evaluate); the trainer reads it too,
-and ignores `sweep_scale` (it is never called there).
-
-This module imports only gin at import time, so `import t5x_like.sweep.config` in a gin file is
-cheap (`sweep_scale` asks the data package for its corpora when it is called).
+`sweep_scale.*` (inputs length, corpus, how to fine-tune and evaluate; the trainer ignores it).
+Only gin is imported at import time, so `import t5x_like.sweep.config` in a gin file is cheap.
 """
 
 from __future__ import annotations
@@ -49,14 +46,10 @@ class ScaleSpec:
 
 
 @gin.configurable("sweep")
-def sweep(
-    table: str = gin.REQUIRED,
-    title: str = gin.REQUIRED,
-    rows: Mapping[str, Sequence[str]] = gin.REQUIRED,
-    base: Sequence[str] = ("gin/runs/pretrain.gin",),
-    metric: str = "suite_average",
-    bookkeeping: Mapping[str, Sequence[str]] | None = None,
-) -> SweepSpec:
+def sweep(table: str = gin.REQUIRED, title: str = gin.REQUIRED,
+          rows: Mapping[str, Sequence[str]] = gin.REQUIRED,
+          base: Sequence[str] = ("gin/runs/pretrain.gin",), metric: str = "suite_average",
+          bookkeeping: Mapping[str, Sequence[str]] | None = None) -> SweepSpec:
     """The bound sweep (`bookkeeping`: row -> the paper's (params, cost), e.g. ('2P', 'M'))."""
     if not rows:
         raise ValueError(f"sweep {table!r}: sweep.rows is empty")
@@ -64,36 +57,22 @@ def sweep(
         if isinstance(entries, str):
             raise ValueError(f"sweep {table!r} row {name!r}: give a list of gin files/bindings, "
                              f"not the string {entries!r}")
-    return SweepSpec(
-        table=table, title=title, rows={k: tuple(v) for k, v in rows.items()},
-        base=tuple(base), metric=metric,
-        bookkeeping={k: tuple(v) for k, v in (bookkeeping or {}).items()},
-    )
+    return SweepSpec(table, title, {k: tuple(v) for k, v in rows.items()}, tuple(base), metric,
+                     {k: tuple(v) for k, v in (bookkeeping or {}).items()})
 
 
 @gin.configurable("sweep_scale")
-def sweep_scale(
-    name: str = gin.REQUIRED,
-    inputs_length: int = gin.REQUIRED,
-    corpus: str = "c4like",
-    seeds: int = 1,
-    evaluate_flags: Sequence[str] = (),
-    evaluate_gin_files: Sequence[str] = (),
-    evaluate_bindings: Sequence[str] = (),
-    train_flags: Sequence[str] = (),
-) -> ScaleSpec:
-    """The bound scale. `evaluate_flags` go to `python -m t5x_like.evaluate` as they are
-    (e.g. '--multitask', '--finetune_steps=200'); `evaluate_bindings` become `--gin.K=V`;
-    `train_flags` go to `python -m t5x_like.train` (e.g. '--tfds_data_dir=...')."""
-    from t5x_like.data.tasks import CORPORA  # the data package's list (loaded by then: a
-    # scale is read through gin_utils.parse_gin, which registers every configurable)
+def sweep_scale(name: str = gin.REQUIRED, inputs_length: int = gin.REQUIRED,
+                corpus: str = "c4like", seeds: int = 1, evaluate_flags: Sequence[str] = (),
+                evaluate_gin_files: Sequence[str] = (), evaluate_bindings: Sequence[str] = (),
+                train_flags: Sequence[str] = ()) -> ScaleSpec:
+    """The bound scale: `evaluate_flags` (e.g. '--multitask') and `train_flags` are passed to
+    evaluate and train as they are; `evaluate_bindings` become `--gin.K=V`."""
+    from t5x_like.data.tasks import CORPORA  # loaded by then (gin_utils.parse_gin reads scales)
 
     if corpus not in CORPORA:
         raise ValueError(f"sweep_scale.corpus must be one of {CORPORA}, got {corpus!r}")
     if inputs_length < 4:
         raise ValueError(f"sweep_scale.inputs_length must be >= 4, got {inputs_length}")
-    return ScaleSpec(
-        name=name, inputs_length=int(inputs_length), corpus=corpus, seeds=int(seeds),
-        evaluate_flags=tuple(evaluate_flags), evaluate_gin_files=tuple(evaluate_gin_files),
-        evaluate_bindings=tuple(evaluate_bindings), train_flags=tuple(train_flags),
-    )
+    return ScaleSpec(name, int(inputs_length), corpus, int(seeds), tuple(evaluate_flags),
+                     tuple(evaluate_gin_files), tuple(evaluate_bindings), tuple(train_flags))

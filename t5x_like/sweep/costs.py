@@ -27,10 +27,6 @@ def measure(gin_files: Sequence[str], bindings: Sequence[str],
         config = TransformerConfig()
         batch_size = int(gin.query_parameter("train.batch_size"))
         steps = int(gin.query_parameter("train.num_train_steps"))
-    model = make_model(config)
-    return {
-        "parameters": int(parameter_count(config)),
-        "flops_per_sequence": float(model.flops_per_sequence(dict(sequence_length))),
-        "batch_size": batch_size,
-        "num_train_steps": steps,
-    }
+    flops = make_model(config).flops_per_sequence(dict(sequence_length))
+    return {"parameters": int(parameter_count(config)), "flops_per_sequence": float(flops),
+            "batch_size": batch_size, "num_train_steps": steps}

@@ -1,15 +1,12 @@
 """Sweep files x scale x seeds -> cells: the gin files and bindings each cell trains with.
 
-A cell's train config is, in order: the sweep's `base` files, the scale file, the row's files
-and bindings, then three computed bindings: `MIXTURE_OR_TASK_NAME` (the objective's task on the
-scale's corpus), `TASK_FEATURE_LENGTHS` (`sequence_length`) and `train.seed`. Every cell is
-therefore trained on the same number of input tokens (steps x batch x inputs_length).
-
-The cell id is `<architecture>__<objective>__s<seed>__<hash>`, hash = sha256 of gin's parsed
-config (every binding, not file names), so two rows with the same effective config (Table 2
-"Encoder-decoder | LM" and Table 3 "Prefix LM") are one cell, run once. A row that binds
-`train.num_train_steps = 0` is a *control* (`Cell.control`; `no_pretraining` in its id where an
-objective would be): the same fine-tune on a fresh initialisation (`runner.init_model`).
+A cell's train config: the sweep's `base` files, the scale file, the row's files and bindings,
+then `MIXTURE_OR_TASK_NAME` (the objective's task on the scale's corpus), `TASK_FEATURE_LENGTHS`
+(`sequence_length`) and `train.seed`, so every cell trains on steps x batch x inputs_length input
+tokens. Its id is `<architecture>__<objective>__s<seed>__<hash>`, hash = sha256 of gin's parsed
+config, so rows with the same effective config (Table 2 "Encoder-decoder | LM", Table 3 "Prefix
+LM") are one cell, run once. A row binding `train.num_train_steps = 0` is a *control*
+(`Cell.control`, `no_pretraining` for its objective): fine-tuned from a fresh initialisation.
 """
 
 from __future__ import annotations
@@ -49,16 +46,14 @@ class Cell:
 
 def resolve(path: str) -> str:
     """A gin file path as given if it exists, else relative to the repository root."""
-    if os.path.exists(path):
-        return path
-    candidate = os.path.join(REPO_ROOT, path)
-    if os.path.exists(candidate):
-        return candidate
+    for candidate in (path, os.path.join(REPO_ROOT, path)):
+        if os.path.exists(candidate):
+            return candidate
     raise SweepError(f"gin file not found: {path}")
 
 
 def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
-    """Parse train gin (every t5x_like configurable registered) into a cleared gin state."""
+    """Parse train gin (every configurable registered) into a cleared gin state."""
     from t5x_like import gin_utils
 
     gin.clear_config()
@@ -88,9 +83,8 @@ def load_sweep(path: str) -> SweepSpec:
         raise SweepError(f"invalid sweep file {path}: {err}") from err
     finally:
         gin.clear_config()
-    for row in spec.rows:
-        if "," in row:
-            raise SweepError(f"{path}: row name {row!r} contains ',' (--rows splits on it)")
+    if commas := [row for row in spec.rows if "," in row]:
+        raise SweepError(f"{path}: row name {commas[0]!r} contains ',' (--rows splits on it)")
     return dataclasses.replace(spec, path=path)
 
 
@@ -133,9 +127,8 @@ NO_PRETRAINING = "no_pretraining"
 
 
 def sequence_length(task: str, inputs_length: int) -> dict[str, int]:
-    """A cell's task lengths: the objective's own for `inputs_length`, except that a
-    targets-only objective (the full-span LM) predicts the whole span a prefix-LM example splits,
-    so it reads as many tokens per sequence as the prefix-LM rows (the paper's cost M)."""
+    """A cell's task lengths: the objective's own for `inputs_length`; a targets-only objective
+    (the full-span LM) predicts the whole span a prefix-LM example splits (the paper's cost M)."""
     from t5x_like.data import objectives, tasks
 
     objective = tasks.task_objective(task)
@@ -164,15 +157,13 @@ def build_cell(sweep_spec: SweepSpec, scale: ScaleSpec, row: str, seed: int) -> 
             config_hash = hashlib.sha256(gin.config_str().encode()).hexdigest()[:8]
             arch = TransformerConfig().slug
             control = int(gin.query_parameter("train.num_train_steps")) == 0
-    except (SweepError, ValueError, KeyError, RuntimeError) as err:
+    except (ValueError, KeyError, RuntimeError) as err:  # (a SweepError is a ValueError)
         raise SweepError(f"{sweep_spec.path} row {row!r}: {err}") from err
     objective = NO_PRETRAINING if control else task.split("_", 1)[1]
-    return Cell(
-        cell_id=f"{arch}__{objective}__s{seed}__{config_hash}", seed=int(seed),
-        gin_files=tuple(files), bindings=(*row_bindings, *extra), task=task,
-        sequence_length=lengths, config_hash=config_hash, rows=((sweep_spec.table, row),),
-        control=control,
-    )
+    return Cell(cell_id=f"{arch}__{objective}__s{seed}__{config_hash}", seed=int(seed),
+                gin_files=tuple(files), bindings=(*row_bindings, *extra), task=task,
+                sequence_length=lengths, config_hash=config_hash,
+                rows=((sweep_spec.table, row),), control=control)
 
 
 def select_rows(specs: Sequence[SweepSpec], rows: Sequence[str] | None) -> list[tuple[int, str]]:
@@ -183,8 +174,7 @@ def select_rows(specs: Sequence[SweepSpec], rows: Sequence[str] | None) -> list[
     wanted = [r.strip() for r in rows if r.strip()]
     chosen = [(i, r) for i, r in pairs if r in wanted or f"{specs[i].table}:{r}" in wanted]
     names = {r for _, r in pairs} | {f"{specs[i].table}:{r}" for i, r in pairs}
-    unknown = [w for w in wanted if w not in names]
-    if unknown:
+    if unknown := [w for w in wanted if w not in names]:
         raise SweepError(f"unknown row(s) {unknown}; rows: {sorted({r for _, r in pairs})}")
     return chosen
 
@@ -207,7 +197,4 @@ def expand(specs: Sequence[SweepSpec], scale: ScaleSpec, *, seeds: int | None = 
 
 def cells_of(cells: Sequence[Cell], table: str) -> Iterator[tuple[str, Cell]]:
     """(row, cell) for every cell serving `table`."""
-    for cell in cells:
-        for t, row in cell.rows:
-            if t == table:
-                yield row, cell
+    return ((row, cell) for cell in cells for t, row in cell.rows if t == table)

@@ -1,9 +1,8 @@
 """The T5 paper's published scores (Raffel et al. 2020, arXiv 1910.10683), as data.
 
-`PUBLISHED[table][row]` = the seven columns of `COLUMNS` for the rows our sweep files name
-(`gin/sweeps/t5_table*.gin`; one experiment in several tables, like the baseline, carries the
-same numbers). `CLAIMS` = the paper's headline comparisons between those rows, which the report
-tests with paired differences.
+`PUBLISHED[table][row]` = the seven `COLUMNS` for the rows our sweep files name (one experiment in
+several tables, like the baseline, carries the same numbers); `CLAIMS` = the paper's headline
+comparisons between those rows, which the report tests with paired differences.
 """
 
 from __future__ import annotations
@@ -80,9 +79,8 @@ def published(table: str, row: str) -> dict[str, float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """One of the paper's comparisons: mean score of rows `better` minus mean of rows `worse`;
-    `relation` '>': the paper finds better > worse, '≈': within `margin` points of each other
-    (`t5x_like.sweep.stats.verdict` turns a CI into a verdict)."""
+    """A paper comparison: mean score of rows `better` minus that of `worse`; `relation` '>': the
+    paper finds better > worse, '≈': within `margin` points (`stats.verdict` judges a CI)."""
 
     table: str
     text: str

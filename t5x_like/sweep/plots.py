@@ -19,14 +19,11 @@ from t5x_like.sweep.runner import cell_dir, read_metrics  # noqa: E402
 def bar_chart(entry: Mapping[str, Any], path: str) -> None:
     """Two panels: our suite average per row (± std over seeds) and the paper's GLUE."""
     rows = entry["rows"]
-    names = [r["row"] for r in rows]
     ours = [r["ours_mean"] if r["ours_mean"] is not None else 0.0 for r in rows]
-    errs = [r["ours_std"] or 0.0 for r in rows]
     theirs = [(r["paper"] or {}).get(paper.COMPARE_COLUMN, 0.0) for r in rows]
-    height = 1.0 + 0.45 * len(rows)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, height), sharey=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 1.0 + 0.45 * len(rows)), sharey=True)
     ypos = list(range(len(rows)))
-    left.barh(ypos, ours, xerr=errs, color="tab:blue")
+    left.barh(ypos, ours, xerr=[r["ours_std"] or 0.0 for r in rows], color="tab:blue")
     left.set_xlabel("ours: downstream suite average")
     if entry.get("baseline_average") is not None:
         left.axvline(entry["baseline_average"], color="black", linestyle="--", linewidth=1,
@@ -34,7 +31,7 @@ def bar_chart(entry: Mapping[str, Any], path: str) -> None:
         left.legend(fontsize=7, loc="lower right")
     right.barh(ypos, theirs, color="tab:gray")
     right.set_xlabel(f"paper: {paper.COMPARE_COLUMN}")
-    left.set_yticks(ypos, names)
+    left.set_yticks(ypos, [r["row"] for r in rows])
     left.invert_yaxis()
     positive = [v for v in theirs if v]
     if positive:
@@ -59,8 +56,7 @@ def loss_curves(cells: Sequence[Cell], sweep_dir: str, path: str) -> None:
         steps = sorted(by_step)
         label = " / ".join(sorted({row for _, row in cell.rows})) + f" (seed {cell.seed})"
         style = ("-", "--", ":", "-.")[index // 10 % 4]  # the colour cycle repeats after 10
-        axis.plot(steps, [by_step[s] for s in steps], label=label, linewidth=1.2,
-                  linestyle=style)
+        axis.plot(steps, [by_step[s] for s in steps], label=label, linewidth=1.2, linestyle=style)
     axis.set_xlabel("pre-training step")
     axis.set_ylabel("training loss (per target token)")
     axis.set_title("Pre-training loss of every cell")

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy import special
 
 from t5x_like.sweep import paper, stats
 from t5x_like.sweep.config import SweepSpec
@@ -79,13 +80,14 @@ def uncertainty(spec: SweepSpec, cells: Sequence[tuple[str, str]], tasks: Sequen
     data = stats.table_data(rows, tasks)
     claims = stats.evaluate_claims([c for c in paper.CLAIMS if c.table == spec.table], data)
     best = {t: stats.best_constant_score(next(iter(rows.values()))[0][t]) for t in tasks}
+    row_ci = lambda table, row: stats.interval(stats.contrast(table, {row: 1.0}))  # 95% t
     above: dict[str, list[str] | None] = {}
     for t in tasks:  # the task's own score per row, with the same design as the suite average
         per_task = stats.table_data(rows, [t])
-        bounds = {r: stats.row_interval(per_task, r) for r in spec.rows if r in rows}
+        cis = {r: row_ci(per_task, r) for r in spec.rows if r in rows}
         above[t] = (None if per_task.seed_var is None else
-                    [r for r, ci in bounds.items() if ci is not None and ci[0] > best[t]])
-    return {"row_ci": {r: stats.row_interval(data, r) for r in rows}, "claims": claims,
+                    [r for r, ci in cis.items() if ci and ci[0] > best[t]])
+    return {"row_ci": {r: row_ci(data, r) for r in rows}, "claims": claims,
             "collapsed": {r: {t: sum(stats.collapsed(s[t]) for s in seeds) for t in tasks}
                           for r, seeds in rows.items()},
             "best_constant": best, "above_constant": above}
@@ -113,47 +115,41 @@ def rows_differ(groups: Sequence[Sequence[float]]) -> dict[str, Any] | None:
     """One-way ANOVA of per-seed scores (one list per row; rows with < 2 seeds left out): F, p,
     and `seed_std` (`stats.pooled_variance`: the sweep's noise floor per seed). None below 2
     such rows. Plain Python sums (NumPy's round by the CPU's vector width)."""
-    from scipy.stats import f as f_distribution
-
     groups = [[float(x) for x in g] for g in groups if len(g) >= 2]
     if len(groups) < 2:
         return None
     var, df = stats.pooled_variance(groups)
     grand = sum(x for g in groups for x in g) / (df + len(groups))
     between = sum(len(g) * (sum(g) / len(g) - grand) ** 2 for g in groups)
-    if var > 0:
-        f = (between / (len(groups) - 1)) / var
-        p = float(f_distribution.sf(f, len(groups) - 1, df))
-    else:  # every row constant across its seeds: F undefined (infinite if the rows differ)
-        f, p = None, (0.0 if between > 0 else None)
-    return {"f": f if f is not None and math.isfinite(f) else None,
-            "p": p if p is not None and math.isfinite(p) else None,
-            "rows": len(groups), "seed_std": math.sqrt(var), "seed_df": df}
+    # every row constant across its seeds: F undefined (infinite if the rows differ)
+    f = (between / (len(groups) - 1)) / var if var > 0 else None
+    p = (float(special.fdtrc(len(groups) - 1, df, f)) if f is not None else
+         0.0 if between > 0 else None)
+    finite = lambda x: x if x is not None and math.isfinite(x) else None
+    return {"f": finite(f), "p": finite(p), "rows": len(groups), "seed_std": math.sqrt(var),
+            "seed_df": df}
 
 
 def _row_entry(spec: SweepSpec, row: str, done: Sequence[Mapping[str, Any]], ids: Sequence[str],
-               found: Mapping[str, Any] | None) -> dict[str, Any]:
+               found: Mapping[str, Any]) -> dict[str, Any]:
     """One row of a table entry, from its cells' results and the table's `uncertainty`."""
     tasks = sorted({t for r in done for t in r.get("tasks", {})})
     params, cost = spec.bookkeeping.get(row, (None, None))
+    first = done[0] if done else {}
     return {
-        "row": row,
-        "ours_mean": _mean([r.get(METRIC) for r in done]),
-        "ours_std": _std([r.get(METRIC) for r in done]),
-        "num_seeds": len(done),
+        "row": row, "ours_mean": _mean([r.get(METRIC) for r in done]),
+        "ours_std": _std([r.get(METRIC) for r in done]), "num_seeds": len(done),
         "paper": paper.published(spec.table, row),
         "per_task": {t: _mean([r["tasks"].get(t) for r in done]) for t in tasks},
         "per_task_std": {t: _std([r["tasks"].get(t) for r in done]) for t in tasks},
         "pretrain_loss": _mean([r["pretrain"].get("final_loss") for r in done]),
-        "paper_params": params, "paper_cost": cost,
-        "parameters": done[0].get("parameters") if done else None,
-        "flops_per_sequence": done[0].get("flops_per_sequence") if done else None,
+        "paper_params": params, "paper_cost": cost, "parameters": first.get("parameters"),
+        "flops_per_sequence": first.get("flops_per_sequence"),
         "seconds_per_cell": _mean([r.get("seconds", {}).get("total") for r in done]),
         "cells": list(ids),
         # a control (no pre-training) is shown beside the paper's rows, not ranked with them
         "control": row in paper.CONTROL_ROWS or any(r.get("control") for r in done),
-        "ci": found["row_ci"].get(row) if found else None,
-        "collapsed": found["collapsed"].get(row) if found else None,
+        "ci": found.get("row_ci", {}).get(row), "collapsed": found.get("collapsed", {}).get(row),
     }
 
 
@@ -162,16 +158,16 @@ def _recorded(result: Mapping[str, Any], key: str) -> str:
     return str(result.get(key) or "unrecorded")
 
 
-def _tally(values: Iterable[str]) -> dict[str, int]:
-    """value -> how often it occurs, in sorted order."""
-    return dict(sorted(collections.Counter(values).items()))
+def _tally(results: Iterable[Mapping[str, Any]], key: str) -> dict[str, int]:
+    """What the cells' results record under `key` (`_recorded`) -> how many, in sorted order."""
+    return dict(sorted(collections.Counter(_recorded(r, key) for r in results).items()))
 
 
 def claim_hosts(claim: paper.Claim, by_row: Mapping[str, Sequence[Mapping[str, Any]]]
                 ) -> dict[str, Any]:
     """The hosts of the cells on each side of a claim, and whether the sides' shares of each
     host differ (`warning`): then the difference carries the hosts' difference too."""
-    sides = {side: _tally(_recorded(r, "host") for row in rows for r in by_row.get(row, ()))
+    sides = {side: _tally((r for row in rows for r in by_row.get(row, ())), "host")
              for side, rows in (("better", claim.better), ("worse", claim.worse))}
     shares = [{h: fractions.Fraction(n, sum(c.values())) for h, n in c.items()}
               for c in sides.values() if c]
@@ -181,18 +177,14 @@ def claim_hosts(claim: paper.Claim, by_row: Mapping[str, Sequence[Mapping[str, A
 def table_entry(spec: SweepSpec, cells: Sequence[Cell],
                 results: Mapping[str, Mapping[str, Any]], sweep_dir: str) -> dict[str, Any]:
     """One table of the JSON report (DESIGN.md: title, metric, rows[], kendall_tau, claims)."""
-    by_row: dict[str, list[Mapping[str, Any]]] = {row: [] for row in spec.rows}
-    ids: dict[str, list[str]] = {row: [] for row in spec.rows}
-    finished = []  # (row, cell_id) of the finished cells
-    for row, cell in cells_of(cells, spec.table):
-        ids[row].append(cell.cell_id)
-        if cell.cell_id in results:
-            by_row[row].append(results[cell.cell_id])
-            finished.append((row, cell.cell_id))
+    ids = [(row, cell.cell_id) for row, cell in cells_of(cells, spec.table)]
+    finished = [(row, cell_id) for row, cell_id in ids if cell_id in results]
+    by_row = {row: [results[i] for r, i in finished if r == row] for row in spec.rows}
     done = [r for rs in by_row.values() for r in rs]
     tasks = sorted({t for r in done for t in r.get("tasks", {})})
-    found = uncertainty(spec, finished, tasks, sweep_dir)
-    rows = [_row_entry(spec, row, by_row[row], ids[row], found) for row in spec.rows]
+    found = uncertainty(spec, finished, tasks, sweep_dir) or {}
+    rows = [_row_entry(spec, row, by_row[row], [i for r, i in ids if r == row], found)
+            for row in spec.rows]
     paired = [r for r in rows if r["ours_mean"] is not None and r["paper"] and not r["control"]]
     ours = {r["row"]: r["ours_mean"] for r in paired}
     theirs = {r["row"]: r["paper"][paper.COMPARE_COLUMN] for r in paired}
@@ -202,7 +194,7 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
     suite = {row: [r[METRIC] for r in rs if r.get(METRIC) is not None]
              for row, rs in by_row.items()}
     differ[METRIC] = rows_differ(list(suite.values()))
-    claims = found["claims"] if found else []
+    claims = found.get("claims", [])
     for c in claims:
         claim = next(k for k in paper.CLAIMS if k.table == spec.table and k.text == c["claim"])
         sides = [theirs.get(r) for r in (*claim.better, *claim.worse)]
@@ -211,20 +203,18 @@ def table_entry(spec: SweepSpec, cells: Sequence[Cell],
             float(np.mean(sides[:len(claim.better)]) - np.mean(sides[len(claim.better):])))
         c["hosts"] = claim_hosts(claim, by_row)
     return {
-        "title": spec.title, "metric": METRIC_NOTE, "rows": rows,
-        "kendall_tau": tau, "kendall_p_value": p, "kendall_rows": len(paired),
-        "kendall_test": KENDALL_TEST, "claims": claims,
-        "verdict_method": VERDICT_METHOD if claims else None,
+        "title": spec.title, "metric": METRIC_NOTE, "rows": rows, "kendall_tau": tau,
+        "kendall_p_value": p, "kendall_rows": len(paired), "kendall_test": KENDALL_TEST,
+        "claims": claims, "verdict_method": VERDICT_METHOD if claims else None,
         "ranking_ours": sorted(ours, key=lambda row: -ours[row]),  # best first
         "ranking_paper": sorted(theirs, key=lambda row: -theirs[row]),
         "paper_table": paper.TABLE_NUMBERS.get(spec.table),
         "baseline_average": _mean([r.get("baseline_average") for r in done]),
-        "best_constant": found["best_constant"] if found else None,
-        "above_constant": found["above_constant"] if found else None,
+        "best_constant": found.get("best_constant"), "above_constant": found.get("above_constant"),
         "exploratory_tasks": sorted({t for r in done
                                      for t, flag in (r.get("exploratory") or {}).items() if flag}),
         "rows_differ": differ, "pairs_differ": stats.pairwise(suite),
-        "hosts": _tally(_recorded(r, "host") for r in done),
+        "hosts": _tally(done, "host"),
         "host_factor": stats.host_factor([(row, _recorded(r, "host"), r[METRIC])
                                           for row, rs in by_row.items() for r in rs
                                           if r.get(METRIC) is not None]),
@@ -278,11 +268,8 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
              f"Paper: Table {entry.get('paper_table')}. Ours = {entry['metric']}.", "",
              *_md_head(head)]
     for r in rows:
-        ours = _num(r["ours_mean"])
-        if r["ours_std"] is not None:
-            ours += f" ± {r['ours_std']:.2f}"
-        if r.get("ci"):
-            ours += f" [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]"
+        ours = _num(r["ours_mean"]) + ("" if r["ours_std"] is None else f" ± {r['ours_std']:.2f}")
+        ours += f" [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]" if r.get("ci") else ""
         cost = [r["paper_params"] or "—", r["paper_cost"] or "—"] if has_cost else []
         lines.append(_md_row([
             r["row"], *cost, _si(r["parameters"]), _si(r["flops_per_sequence"]), f"**{ours}**",
@@ -304,22 +291,8 @@ def table_markdown(table_id: str, entry: Mapping[str, Any]) -> str:
         df = ((entry.get("rows_differ") or {}).get(METRIC) or {}).get("seed_df")
         lines += [f"Ours = mean ± std over seeds [95% t interval: the seed variance pooled over "
                   f"the table's rows (df {df}) plus the test examples' (jackknife)].", ""]
-    hosts = sorted(entry.get("hosts") or {})
-    return "\n".join(lines + claims_markdown(entry.get("claims", []), hosts)
-                     + signal_markdown(entry) + pairs_markdown(entry) + host_markdown(entry)
-                     + collapsed_markdown(entry))
-
-
-def _anova(result: Mapping[str, Any] | None) -> str:
-    if not result or result["f"] is None:
-        return "—"
-    return f"{result['f']:.1f} (p {_p(result['p'])})"
-
-
-def _pooled(result: Mapping[str, Any] | None) -> str:
-    if not result or result.get("seed_std") is None:
-        return "—"
-    return f"{result['seed_std']:.2f} ({result['seed_df']})"
+    sections = (claims_markdown, signal_markdown, pairs_markdown, host_markdown, collapsed_markdown)
+    return "\n".join(lines + [line for section in sections for line in section(entry)])
 
 
 def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
@@ -332,17 +305,14 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
     if not tasks or (not best and not has_anova):
         return []
     done = sum(1 for r in entry["rows"] if r["num_seeds"])
-    note = "Signal per task."
-    if best:
-        note += (" *Best constant*: the score of the same output for every test example (often "
-                 "above the majority-class baseline when the test split's label shares differ "
-                 "from training's), and the rows whose 95% t interval of the task score lies "
-                 "above it.")
-    if has_anova:
-        note += (" *Rows differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 "
-                 "seeds, F (p): a task whose rows differ no more than its seeds cannot rank "
-                 "them. *Seed std, pooled*: the std between seeds of one row, pooled over those "
-                 "rows (df = seeds minus rows): this run's own noise floor.")
+    note = "Signal per task." + (
+        " *Best constant*: the score of the same output for every test example (often above the "
+        "majority-class baseline when the test split's label shares differ from training's), and "
+        "the rows whose 95% t interval of the task score lies above it." if best else "") + (
+        " *Rows differ*: one-way ANOVA of the per-seed scores across the rows with >= 2 seeds, F "
+        "(p): a task whose rows differ no more than its seeds cannot rank them. *Seed std, "
+        "pooled*: the std between seeds of one row, pooled over those rows (df = seeds minus "
+        "rows): this run's own noise floor." if has_anova else "")
     columns = [*[_task(t, entry) for t in tasks], *(["suite average"] if has_anova else [])]
     body = []
     if best and above is not None:
@@ -351,8 +321,12 @@ def signal_markdown(entry: Mapping[str, Any]) -> list[str]:
                  ["rows above it", *["—" if above.get(t) is None else f"{len(above[t])}/{done}"
                                      for t in tasks], *extra]]
     if has_anova:
-        body += [["rows differ: F (p)", *[_anova(differ.get(k)) for k in (*tasks, METRIC)]],
-                 ["seed std, pooled (df)", *[_pooled(differ.get(k)) for k in (*tasks, METRIC)]]]
+        found = [differ.get(k) or {} for k in (*tasks, METRIC)]
+        body += [["rows differ: F (p)", *["—" if d.get("f") is None else
+                                          f"{d['f']:.1f} (p {_p(d['p'])})" for d in found]],
+                 ["seed std, pooled (df)", *["—" if d.get("seed_std") is None else
+                                             f"{d['seed_std']:.2f} ({d['seed_df']})"
+                                             for d in found]]]
     return [note, "", "| | " + " | ".join(columns) + " |", "|" + "---|" * (1 + len(columns)),
             *map(_md_row, body), ""]
 
@@ -384,17 +358,16 @@ def _claim_hosts(c: Mapping[str, Any], hosts: Sequence[str]) -> str:
 
 
 def _seeds_needed(c: Mapping[str, Any]) -> str:
-    if c.get("seeds_limit"):
-        return c["seeds_limit"]
-    needed, span = c.get("seeds_needed"), c.get("seeds_needed_range") or [None, None]
-    if needed is None:
-        return "—"
-    return f"{needed} [{_num(span[0], 0) if span[0] else '—'}-{span[1] or '—'}]"
+    if c.get("seeds_limit") or c.get("seeds_needed") is None:
+        return c.get("seeds_limit") or "—"
+    low, high = c.get("seeds_needed_range") or [None, None]
+    return f"{c['seeds_needed']} [{low or '—'}-{high or '—'}]"
 
 
-def claims_markdown(claims: Sequence[Mapping[str, Any]], hosts: Sequence[str] = ()) -> list[str]:
-    """The claims table (`stats.evaluate_claims`); with cells on several `hosts`, each side's
+def claims_markdown(entry: Mapping[str, Any]) -> list[str]:
+    """The claims table (`stats.evaluate_claims`); with cells on several hosts, each side's
     hosts (⚠ where they differ)."""
+    claims, hosts = entry.get("claims", []), sorted(entry.get("hosts") or {})
     if not claims:
         return []
     family = sum(1 for c in claims if c.get("p") is not None)
@@ -430,9 +403,7 @@ def claims_markdown(claims: Sequence[Mapping[str, Any]], hosts: Sequence[str] = 
 
 
 def _p(p: float | None) -> str:
-    if p is None:
-        return "—"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+    return "—" if p is None else "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def pairs_markdown(entry: Mapping[str, Any]) -> list[str]:
@@ -477,9 +448,9 @@ def build(specs: Sequence[SweepSpec], cells: Sequence[Cell], sweep_dir: str,
           scale: str) -> dict[str, Any]:
     """The whole report: {'scale', 'tables': {table_id: entry}} (DESIGN.md schema)."""
     results = collect(cells, sweep_dir)
-    count = lambda key: _tally(_recorded(r, key) for r in results.values())
     return {"scale": scale, "num_cells": len(cells), "num_cells_done": len(results),
-            "code_versions": count("code"), "hosts": count("host"),
+            "code_versions": _tally(results.values(), "code"),
+            "hosts": _tally(results.values(), "host"),
             "tables": {s.table: table_entry(s, cells, results, sweep_dir) for s in specs}}
 
 

@@ -2,24 +2,21 @@
 
 A cell dir, `<sweep_dir>/cells/<cell_id>/`, holds `cell.json` (what to run, written first),
 `pretrain/` + `pretrain.log` (the trainer's model dir), `eval/` + `eval.log` (evaluate's out dir)
-and `results.json`, written last (atomically): the cell is done and a rerun skips it. An
-interrupted cell resumes from the trainer's last checkpoint and evaluate's finished fine-tunes.
-A control cell (`Cell.control`) is not pre-trained: `init_model` (an `--init_cell` subprocess)
-writes its fresh initialisation as a converted model dir. A cell first prepares the data
-directory (`data.prepare`, a no-op when current), so a sweep works on a fresh machine.
+and `results.json`, written last (atomically): the cell is done and a rerun skips it; an
+interrupted one resumes from its last checkpoint and finished fine-tunes. A control cell
+(`Cell.control`) is initialised (`init_model`), not pre-trained. Each cell first runs
+`data.prepare` (a no-op when current). Cells run in `run_order`, sharing one XLA compilation
+cache, `<sweep_dir>/xla_cache`.
 
-A finished cell's `RECORDS` (what the report reads, no checkpoints) can be kept in an archive
-(`--archive`), restored before a sweep runs and added to as each cell finishes, so a sweep spread
-over sessions on fresh checkouts runs each cell once: an `ARCHIVE_SUFFIX` file of gzip'd JSON
-Lines `{"cell_id": ..., "files": {relative path: text}}`, sorted, gzip time 0 (the same cells
-give the same bytes), or a directory of `cells/<cell_id>/` (the earlier layout; see `pack`).
-Cells run in `run_order` and share one XLA compilation cache, `<sweep_dir>/xla_cache`.
+An archive (`--archive`) keeps finished cells' `RECORDS` (no checkpoints), restored before a sweep
+runs and added to as each cell finishes, so a sweep spread over sessions runs each cell once: an
+`ARCHIVE_SUFFIX` file (byte-stable gzip'd JSON Lines `{"cell_id", "files": {path: text}}`) or a
+directory of `cells/<cell_id>/` (the earlier layout; see `pack`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import fcntl
 import gzip
@@ -33,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from t5x_like.data import assets
@@ -76,9 +73,8 @@ def is_done(path: str) -> bool:
 def _slim_predictions(source: str) -> str:
     """A predictions .jsonl's text keeping `PREDICTION_FIELDS` of each line."""
     with open(source, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return "".join(json.dumps({k: row[k] for k in PREDICTION_FIELDS if k in row}) + "\n"
-                   for row in rows)
+        return "".join(json.dumps({k: row[k] for k in PREDICTION_FIELDS if k in row}) + "\n"
+                       for row in map(json.loads, filter(str.strip, f)))
 
 
 def _read_text(path: str) -> str:
@@ -95,8 +91,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def cell_records(path: str, slim: bool = True) -> dict[str, str]:
-    """A cell dir's `RECORDS` that exist, as {relative path ('/'-separated): text}; with
-    `slim`, predictions keep only `PREDICTION_FIELDS` (an archived cell's already do)."""
+    """A cell dir's `RECORDS` as {'/'-separated path: text}; `slim`: only `PREDICTION_FIELDS`."""
     records = {}
     for rel in RECORDS:
         source, key = os.path.join(path, rel), rel.replace(os.sep, "/")
@@ -110,11 +105,10 @@ def cell_records(path: str, slim: bool = True) -> dict[str, str]:
 
 
 def write_records(records: Mapping[str, str], dst: str) -> None:
-    """Write a cell's records (as `cell_records` returns them) into cell dir `dst`, each file
-    atomically and results.json last: an interrupted write is not a finished cell."""
+    """Write `cell_records` into cell dir `dst`, each file atomically and results.json last."""
     for rel in sorted(records, key=lambda r: r == RESULTS):
         parts = rel.split("/")
-        if rel.startswith("/") or ".." in parts or "" in parts:
+        if ".." in parts or "" in parts:  # ('' also: an absolute path)
             raise ValueError(f"archived file {rel!r} is not a relative path inside its cell")
         target = os.path.join(dst, *parts)
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -154,8 +148,7 @@ def read_archive(archive: str) -> dict[str, dict[str, str]]:
 
 
 def write_archive(archive: str, cells: Mapping[str, Mapping[str, str]]) -> None:
-    """Write an archive file (atomically): one JSON line per cell, cells and paths sorted,
-    gzip level 9 with no name or time in its header, so the same cells give the same bytes."""
+    """Write an archive file atomically, byte-stable: sorted JSON lines, gzip with no name/time."""
     lines = "".join(json.dumps({"cell_id": cell_id, "files": dict(files)}, sort_keys=True) + "\n"
                     for cell_id, files in sorted(cells.items()))
     buffer = io.BytesIO()
@@ -165,44 +158,38 @@ def write_archive(archive: str, cells: Mapping[str, Mapping[str, str]]) -> None:
     _write_atomic(archive, buffer.getvalue())
 
 
-@contextlib.contextmanager
-def _archive_locked(archive: str) -> Iterator[None]:
-    """Hold the archive file's lock: this process's threads, and other processes through an
-    flock on its directory (two sweeps sharing an archive do not lose each other's cells)."""
+def _merge_into(archive: str, cells: Mapping[str, Mapping[str, str]]) -> int:
+    """Add `cells` to the archive file (replacing earlier copies) under this process's lock and
+    an flock on its directory (two sweeps sharing it keep each other's cells); returns its count."""
     folder = os.path.dirname(os.path.abspath(archive))
     os.makedirs(folder, exist_ok=True)
     with _ARCHIVE_LOCK:
         fd = os.open(folder, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            merged = {**read_archive(archive), **cells}
+            write_archive(archive, merged)
         finally:
             os.close(fd)
+    return len(merged)
 
 
 def archive_cell(archive: str, path: str) -> None:
-    """Add the finished cell dir `path` to `archive` (replacing an earlier copy of it), its
-    predictions without their input text."""
+    """Add finished cell dir `path` to `archive` (replacing an earlier copy), predictions slim."""
     cell_id, records = os.path.basename(os.path.normpath(path)), cell_records(path)
-    if not is_archive_file(archive):
+    if is_archive_file(archive):
+        _merge_into(archive, {cell_id: records})
+    else:
         write_records(records, os.path.join(archive, "cells", cell_id))
-        return
-    with _archive_locked(archive):
-        write_archive(archive, {**read_archive(archive), cell_id: records})
 
 
 def pack(directory: str, archive: str) -> int:
-    """Write the finished cells of an archive directory (the earlier layout) into the archive
-    file `archive`, adding them to the cells already there; returns how many it holds."""
-    with _archive_locked(archive):
-        cells = {**read_archive(archive), **read_archive(directory)}
-        write_archive(archive, cells)
-    return len(cells)
+    """Add the finished cells of an archive directory to the archive file; returns its count."""
+    return _merge_into(archive, read_archive(directory))
 
 
 def unpack(archive: str, directory: str, cell_ids: Sequence[str] | None = None) -> list[str]:
-    """Write the archived cells (`cell_ids`, default all) as cell dirs
-    `<directory>/cells/<cell_id>/`, the layout a sweep dir has; returns their ids."""
+    """Write archived cells (`cell_ids`, default all) as `<directory>/cells/<id>/`; their ids."""
     cells = read_archive(archive)
     chosen = sorted(cells) if cell_ids is None else [c for c in cell_ids if c in cells]
     for cell_id in chosen:
@@ -211,10 +198,9 @@ def unpack(archive: str, directory: str, cell_ids: Sequence[str] | None = None) 
 
 
 def restore(cells: Sequence[Cell], archive: str, sweep_dir: str) -> int:
-    """Copy into `sweep_dir` every cell finished in `archive` and not in `sweep_dir`, its
-    files exactly as archived; returns how many."""
-    return len(unpack(archive, sweep_dir,
-                      [c.cell_id for c in cells if not is_done(cell_dir(sweep_dir, c))]))
+    """Copy every cell finished in `archive` but not in `sweep_dir` there, as archived; count."""
+    todo = [c.cell_id for c in cells if not is_done(cell_dir(sweep_dir, c))]
+    return len(unpack(archive, sweep_dir, todo))
 
 
 def code_version() -> str | None:
@@ -232,8 +218,7 @@ def code_version() -> str | None:
 
 def train_command(spec: Mapping[str, Any], path: str) -> list[str]:
     """The `python -m t5x_like.train` argv of a cell spec (a cell.json: `prepare`)."""
-    return [sys.executable, "-m", "t5x_like.train",
-            *[f"--gin_file={f}" for f in spec["gin_files"]],
+    return [sys.executable, "-m", "t5x_like.train", *[f"--gin_file={f}" for f in spec["gin_files"]],
             *[f"--gin_bindings={b}" for b in spec["bindings"]],
             f"--model_dir={os.path.join(path, 'pretrain')}", *spec["scale"]["train_flags"]]
 
@@ -261,14 +246,11 @@ def write_json(path: str, data: Any) -> None:
 
 
 def prepare(cell: Cell, scale: ScaleSpec, sweep_dir: str) -> str:
-    """Create the cell dir with its cell.json, everything needed to run `cell` without the sweep
-    files (rows merged with an existing one; `control` only when true, so an archived cell's
-    cell.json is rewritten as it was); returns the dir."""
+    """Write the cell dir's cell.json, all `cell` needs to run (rows merged with an existing
+    one's; `control` only when true, as archived cell.json files have it); returns the dir."""
     path = cell_dir(sweep_dir, cell)
     os.makedirs(path, exist_ok=True)
-    spec = dataclasses.asdict(cell)
-    if not spec["control"]:
-        del spec["control"]
+    spec = {k: v for k, v in dataclasses.asdict(cell).items() if k != "control" or v}
     spec["rows"] = [list(r) for r in cell.rows]
     spec["scale"] = dataclasses.asdict(scale)
     spec_path = os.path.join(path, CELL_SPEC)
@@ -287,11 +269,9 @@ def child_env(cache_dir: str | None = None) -> dict[str, str]:
         env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
         env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.pop("XLA_FLAGS", ""))
     if flags.strip():
         env["XLA_FLAGS"] = flags.strip()
-    else:
-        env.pop("XLA_FLAGS", None)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -303,8 +283,7 @@ def _cache_dir(path: str) -> str:
 
 def run_evaluation(path: str, out: str, finetune_seed: int | None = None,
                    extra: Sequence[str] = ()) -> dict[str, Any]:
-    """Evaluate a cell's checkpoint again into `path/out` (e.g. another fine-tuning seed or
-    protocol, as in `evaluate_command`), unless `path/out/results.json` exists; returns it."""
+    """Evaluate a cell again into `path/out` (as `evaluate_command`) unless done; its results."""
     results = os.path.join(path, out, RESULTS)
     if not os.path.exists(results):
         spec = json.loads(_read_text(os.path.join(path, CELL_SPEC)))
@@ -319,12 +298,9 @@ def _last_error(log_path: str) -> str | None:
     the last line of a Python traceback; None when there is neither."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
         lines = [line.strip() for line in f.readlines()[-200:] if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    if errors:
-        return errors[-1].removeprefix("error:").strip()
-    if any(line.startswith("Traceback") for line in lines):
-        return lines[-1]
-    return None
+    errors = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
+    traceback = any(line.startswith("Traceback") for line in lines)
+    return errors[-1] if errors else (lines[-1] if traceback else None)
 
 
 def _run(argv: Sequence[str], log_path: str, what: str,
@@ -333,8 +309,7 @@ def _run(argv: Sequence[str], log_path: str, what: str,
     = user + system, from wait4: on a shared machine it depends much less on the other load)."""
     start = time.time()
     with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"$ {shlex.join(argv)}\n")
-        log.flush()
+        print(f"$ {shlex.join(argv)}", file=log, flush=True)
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
                                 env=child_env(cache_dir))
         _, status, usage = os.wait4(proc.pid, 0)
@@ -349,14 +324,14 @@ def _run(argv: Sequence[str], log_path: str, what: str,
 def _check_finished(model_dir: str, name: str) -> None:
     """CellFailed unless the pre-training reached its last step: a trainer stopped by a signal
     exits 0 after saving, and its checkpoint must not be evaluated as the cell's model."""
-    with open(os.path.join(model_dir, "config.gin"), encoding="utf-8") as f:
-        found = re.search(r"^train\.num_train_steps = (\d+)$", f.read(), re.M)
+    found = re.search(r"^train\.num_train_steps = (\d+)$",
+                      _read_text(os.path.join(model_dir, "config.gin")), re.M)
     root = os.path.join(model_dir, "checkpoints")
-    steps = [int(n) for n in os.listdir(root) if n.isdigit()] if os.path.isdir(root) else []
-    if found and max(steps, default=0) < int(found.group(1)):
-        raise CellFailed(f"{name}: pre-training stopped at step {max(steps, default=0)} of "
-                         f"{found.group(1)} (interrupted: it saved a checkpoint); run the sweep "
-                         "again to resume")
+    names = os.listdir(root) if os.path.isdir(root) else []
+    step = max((int(n) for n in names if n.isdigit()), default=0)
+    if found and step < int(found.group(1)):
+        raise CellFailed(f"{name}: pre-training stopped at step {step} of {found.group(1)} "
+                         "(interrupted: it saved a checkpoint); run the sweep again to resume")
 
 
 def read_metrics(model_dir: str) -> list[dict[str, Any]]:
@@ -368,21 +343,9 @@ def read_metrics(model_dir: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def pretrain_summary(model_dir: str) -> dict[str, Any]:
-    """Final train step/loss and last eval loss (a resumed run's later records for a step win)."""
-    records = [r for r in read_metrics(model_dir) if "loss" in r]
-    train = {r["step"]: r for r in records if r.get("split") == "train"}
-    evals = [r for r in records if r.get("split") == "eval"]
-    last = train[max(train)] if train else {}
-    return {"final_step": last.get("step"), "final_loss": last.get("loss"),
-            "eval_loss": evals[-1]["loss"] if evals else None}
-
-
 def init_model(path: str) -> str:
-    """A control cell's model dir without pre-training, `path/pretrain`, as a converted model dir
-    (which evaluate fine-tunes from): `params/` = the trainer's step-0 params for the cell's
-    `train.seed` (bitwise on one device), then `config.gin` = its parsed train config. Skipped
-    when done (a partial earlier attempt is replaced); returns the model dir."""
+    """Write a control cell's `path/pretrain` as a converted model dir: the trainer's step-0 params
+    for its `train.seed` (bitwise on one device), then `config.gin`; skipped when done."""
     import flax.linen as nn
     import gin
     import jax
@@ -416,21 +379,6 @@ def init_model(path: str) -> str:
     return model_dir
 
 
-def _pretrain(spec: Mapping[str, Any], path: str, name: str, cache_dir: str,
-              log: Callable[[str], None]) -> tuple[float, float]:
-    """Pre-train the cell (a control cell: initialise it); returns (wall, CPU) seconds."""
-    log_path = os.path.join(path, "pretrain.log")
-    if spec.get("control"):
-        log(f"[sweep] {name}: control, no pre-training: initialising")
-        return _run([sys.executable, "-m", "t5x_like.sweep", f"--init_cell={path}"], log_path,
-                    f"{name}: python -m t5x_like.sweep --init_cell", cache_dir)
-    log(f"[sweep] {name}: pre-training")
-    times = _run(train_command(spec, path), log_path, f"{name}: python -m t5x_like.train",
-                 cache_dir)
-    _check_finished(os.path.join(path, "pretrain"), name)
-    return times
-
-
 def exploratory_tasks(tasks: Sequence[str]) -> dict[str, bool]:
     """task -> whether it is exploratory (designed after seeing results, not pre-registered)."""
     from t5x_like.data import downstream
@@ -440,37 +388,36 @@ def exploratory_tasks(tasks: Sequence[str]) -> dict[str, bool]:
 
 def _results(spec: Mapping[str, Any], path: str, evaluation: Mapping[str, Any],
              wall: tuple[float, float], cpu: tuple[float, float]) -> dict[str, Any]:
-    """A finished cell's results.json (wall/cpu: (pre-training, evaluation) seconds)."""
+    """A finished cell's results.json (wall/cpu: (pre-training, evaluation) seconds; the final
+    pre-training step and loss are its last train record's: a resumed run's later ones win)."""
     measured = costs.measure(spec["gin_files"], spec["bindings"], spec["sequence_length"])
-    pretrain = pretrain_summary(os.path.join(path, "pretrain"))
-    control = bool(spec.get("control"))
-    if control:
-        pretrain["final_step"] = 0
-    steps = pretrain["final_step"] or 0
-    batch = measured.pop("batch_size")
+    batch, control = measured.pop("batch_size"), bool(spec.get("control"))
+    records = [r for r in read_metrics(os.path.join(path, "pretrain")) if "loss" in r]
+    train = {r["step"]: r for r in records if r.get("split") == "train"}
+    evals = [r for r in records if r.get("split") == "eval"]
+    last = train[max(train)] if train else {}
+    step = 0 if control else last.get("step")
     tasks = evaluation.get("tasks", {})
-    return {
-        "cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
-        "scale": spec["scale"]["name"], "task": spec["task"], "control": control,
-        "code": code_version(), "host": host.describe(),
-        "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
-        **measured,
-        "pretrain": {**pretrain, "batch_size": batch,
-                     "input_tokens": steps * batch * spec["scale"]["inputs_length"]},
-        "suite_average": evaluation.get("suite_average"),
-        "baseline_average": evaluation.get("baseline_average"),
-        "tasks": {t: r.get("score") for t, r in tasks.items()},
-        "exploratory": exploratory_tasks(list(tasks)),
-        "evaluation": evaluation,
-        **{key: {"pretrain": round(t[0], 1), "evaluate": round(t[1], 1), "total": round(sum(t), 1)}
-           for key, t in (("seconds", wall), ("cpu_seconds", cpu))},
-    }
+    return {"cell_id": spec["cell_id"], "seed": spec["seed"], "rows": spec["rows"],
+            "scale": spec["scale"]["name"], "task": spec["task"], "control": control,
+            "code": code_version(), "host": host.describe(),
+            "sequence_length": spec["sequence_length"], "config_hash": spec["config_hash"],
+            **measured,
+            "pretrain": {"final_step": step, "final_loss": last.get("loss"),
+                         "eval_loss": evals[-1]["loss"] if evals else None, "batch_size": batch,
+                         "input_tokens": (step or 0) * batch * spec["scale"]["inputs_length"]},
+            "suite_average": evaluation.get("suite_average"),
+            "baseline_average": evaluation.get("baseline_average"),
+            "tasks": {t: r.get("score") for t, r in tasks.items()},
+            "exploratory": exploratory_tasks(list(tasks)), "evaluation": evaluation,
+            **{key: {"pretrain": round(t[0], 1), "evaluate": round(t[1], 1),
+                     "total": round(sum(t), 1)}
+               for key, t in (("seconds", wall), ("cpu_seconds", cpu))}}
 
 
 def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or resume) the cell described by `path/cell.json`; returns its results."""
-    results_path = os.path.join(path, RESULTS)
-    name = os.path.basename(os.path.normpath(path))
+    results_path, name = os.path.join(path, RESULTS), os.path.basename(os.path.normpath(path))
     if os.path.exists(results_path):
         log(f"[sweep] {name}: done, skipped")
         return json.loads(_read_text(results_path))
@@ -479,8 +426,17 @@ def run_cell_dir(path: str, log: Callable[[str], None] = print) -> dict[str, Any
         data_prepare.prepare(log=log)
     except (assets.AssetError, data_prepare.PrepareError) as err:
         raise CellFailed(f"{name}: preparing the data directory: {err}") from err
-    cache_dir = _cache_dir(path)
-    pretrain_s, pretrain_cpu = _pretrain(spec, path, name, cache_dir, log)
+    cache_dir, pretrain_log = _cache_dir(path), os.path.join(path, "pretrain.log")
+    if spec.get("control"):  # not pre-trained: initialised
+        log(f"[sweep] {name}: control, no pre-training: initialising")
+        pretrain_s, pretrain_cpu = _run(
+            [sys.executable, "-m", "t5x_like.sweep", f"--init_cell={path}"], pretrain_log,
+            f"{name}: python -m t5x_like.sweep --init_cell", cache_dir)
+    else:
+        log(f"[sweep] {name}: pre-training")
+        pretrain_s, pretrain_cpu = _run(train_command(spec, path), pretrain_log,
+                                        f"{name}: python -m t5x_like.train", cache_dir)
+        _check_finished(os.path.join(path, "pretrain"), name)
     log(f"[sweep] {name}: pre-trained in {pretrain_s:.0f}s; evaluating")
     evaluate_s, evaluate_cpu = _run(evaluate_command(spec, path), os.path.join(path, "eval.log"),
                                     f"{name}: python -m t5x_like.evaluate", cache_dir)
@@ -502,39 +458,30 @@ def _locked_print(message: str) -> None:
 
 
 def run_order(cells: Sequence[Cell]) -> list[Cell]:
-    """The cells in the order a sweep runs them: seed-major (every row's seed 0, then seed 1,
-    ...), so a sweep spread over hosts splits each row's seeds across them (the host is not
-    confounded with the row); within a seed, most training FLOPs first, so none trails at the end
-    (ties keep their order)."""
-    def cost(cell: Cell) -> float:
-        measured = costs.measure(cell.gin_files, cell.bindings, cell.sequence_length)
-        return measured["flops_per_sequence"] * measured["batch_size"] * measured["num_train_steps"]
-
-    flops = {c.cell_id: cost(c) for c in cells}
-    return sorted(cells, key=lambda c: (c.seed, -flops[c.cell_id]))
+    """Seed-major (a sweep spread over hosts splits each row's seeds across them, the host not
+    confounded with the row), then most training FLOPs first (none trails at the end)."""
+    measured = [costs.measure(c.gin_files, c.bindings, c.sequence_length) for c in cells]
+    flops = [m["flops_per_sequence"] * m["batch_size"] * m["num_train_steps"] for m in measured]
+    return [c for c, _ in sorted(zip(cells, flops, strict=True), key=lambda p: (p[0].seed, -p[1]))]
 
 
 def run_cells(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str, *,
               parallel: int = 1, archive: str | None = None) -> list[str]:
     """Run every cell (`parallel` at once, in `run_order`; finished ones skipped), each
     archived when it finishes if `archive` is given; returns failure messages."""
-    if parallel < 1:
-        raise ValueError(f"--parallel must be >= 1, got {parallel}")
     paths = [prepare(c, scale, sweep_dir) for c in run_order(cells)]
-    failures: list[str] = []
 
-    def one(path: str) -> None:
+    def one(path: str) -> str | None:
         try:
             run_cell_dir(path, _locked_print)
             if archive:
                 archive_cell(archive, path)
         except (CellFailed, OSError, ValueError, KeyError) as err:
             _locked_print(f"[sweep] FAILED {err}")
-            failures.append(str(err))
+            return str(err)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-        list(pool.map(one, paths))
-    return failures
+        return [failure for failure in pool.map(one, paths) if failure is not None]
 
 
 def print_commands(cells: Sequence[Cell], scale: ScaleSpec, sweep_dir: str) -> list[str]:

@@ -2,14 +2,14 @@
 exact test, post-hoc pairs, host as a factor; a bootstrap (`row_replicates`) for scripts only.
 
 Every verdict, interval and seed count comes from one design (`TableData`, `contrast`): an
-unpaired difference of row means (a row's score: the mean over seeds of the suite average)
-whose variance adds the seed variance pooled over the table's rows and a jackknife over the
-test examples all rows share; Welch-Satterthwaite t-tests, Holm over a table's claims. No
-random draws, only plain Python or `math.fsum` sums: reports rebuild to the same bytes anywhere.
+unpaired difference of row means whose variance adds the seed variance pooled over the table's
+rows and a jackknife over the shared test examples; Welch-Satterthwaite t-tests, Holm over a
+table's claims. No random draws, only plain Python or `math.fsum` sums: the same bytes anywhere.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -25,11 +25,11 @@ from t5x_like.sweep.paper import Claim
 CONFIDENCE = 0.95
 #: The chance of any false verdict among a table's claims, or "these rows differ" among its pairs.
 FAMILY_ALPHA = 0.05
-#: The power "seeds needed" plans for.
+#: The power "seeds needed" plans for, and the most seeds it looks at.
 POWER = 0.80
+MAX_SEEDS = 100_000
 #: Kendall's exact test enumerates every order of the rows when scores tie, up to this many.
 MAX_ENUMERATED_ROWS = 10
-DEFAULT_REPLICATES = 2000
 #: A fine-tune whose most common test output covers at least this share of the examples is
 #: counted as collapsed: a (near-)constant predictor that learned the label prior, not the input.
 COLLAPSED_SHARE = 0.95
@@ -38,8 +38,7 @@ COLLAPSED_SHARE = 0.95
 @dataclasses.dataclass(frozen=True)
 class TaskPredictions:
     """One seed's predictions on one task's test split: `targets`/`outputs` [n] class ids (one
-    per distinct normalised string, so 'exact_match' is `outputs == targets`), `metric` in
-    {'accuracy', 'exact_match', 'f1_macro'}."""
+    per distinct normalised string), `metric` 'accuracy' | 'exact_match' | 'f1_macro'."""
 
     metric: str
     targets: np.ndarray
@@ -56,9 +55,8 @@ def encode(metric: str, targets: Sequence[str], outputs: Sequence[str],
     if len(targets) != len(outputs) or not targets:
         raise ValueError(f"encode: {len(targets)} targets vs {len(outputs)} outputs")
     ids: dict[str, int] = {}
-    t = np.array([ids.setdefault(normalize(x), len(ids)) for x in targets], np.int32)
-    o = np.array([ids.setdefault(normalize(x), len(ids)) for x in outputs], np.int32)
-    return TaskPredictions(metric, t, o)
+    return TaskPredictions(metric, *(np.array([ids.setdefault(normalize(x), len(ids)) for x in xs],
+                                              np.int32) for xs in (targets, outputs)))
 
 
 def scores(pred: TaskPredictions, index: np.ndarray) -> np.ndarray:
@@ -69,8 +67,7 @@ def scores(pred: TaskPredictions, index: np.ndarray) -> np.ndarray:
         return 100.0 * (t == o).mean(axis=-1)
     if pred.metric != "f1_macro":
         raise ValueError(f"no bootstrap for metric {pred.metric!r}")
-    f1 = np.zeros(index.shape[:-1], np.float64)
-    present = np.zeros(index.shape[:-1], np.float64)
+    f1, present = np.zeros((2, *index.shape[:-1]), np.float64)
     for c in range(int(pred.targets.max()) + 1):  # outputs-only ids are never a gold class
         is_t, is_o = t == c, o == c
         tp = (is_t & is_o).sum(-1)
@@ -115,10 +112,9 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     i, j = np.triu_indices(y.shape[-1], k=1)
     sx, sy = np.sign(x[..., j] - x[..., i]), np.sign(y[j] - y[i])
-    concordance = (sx * sy).sum(-1)
     nx, ny = (sx != 0).sum(-1), (sy != 0).sum(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where((nx > 0) & (ny > 0), concordance / np.sqrt(nx * ny), np.nan)
+        return np.where((nx > 0) & (ny > 0), (sx * sy).sum(-1) / np.sqrt(nx * ny), np.nan)
 
 
 def _example_counts(rows: Rows, tasks: Sequence[str]) -> dict[str, int]:
@@ -135,11 +131,11 @@ def _example_counts(rows: Rows, tasks: Sequence[str]) -> dict[str, int]:
     return sizes
 
 
-def row_replicates(rows: Rows, tasks: Sequence[str], replicates: int = DEFAULT_REPLICATES,
-                   seed: int = 0) -> dict[str, np.ndarray]:
+def row_replicates(rows: Rows, tasks: Sequence[str],
+                   replicates: int = 2000) -> dict[str, np.ndarray]:
     """row -> [replicates] bootstrap samples of its score: per row the seeds with replacement,
     per task the test examples with replacement, shared by the rows."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     sizes = _example_counts(rows, tasks)
     examples = {t: rng.integers(0, sizes[t], size=(replicates, sizes[t])) for t in tasks}
     out = {}
@@ -164,7 +160,7 @@ def point_scores(rows: Rows, tasks: Sequence[str]) -> dict[str, list[float]]:
 def jackknife(pred: TaskPredictions) -> tuple[float, np.ndarray]:
     """The score (0-100) on the whole test split, and the jackknife deviations u [n] (each
     example's leave-one-out score minus their mean): (n-1)/n Σ_i u_a[i] u_b[i] is the jackknife
-    covariance of two cells' scores. Elementwise arithmetic and `math.fsum` only."""
+    covariance of two cells' scores."""
     t, o = pred.targets, pred.outputs
     n = len(t)
     if n < 2:
@@ -202,8 +198,8 @@ def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float | None, in
 
 @dataclasses.dataclass(frozen=True)
 class TableData:
-    """What every test of one table reads: per row, each seed's score (`points`, the mean over
-    `tasks`) and per task its `jackknife` deviations; the pooled seed variance and its df."""
+    """Per row, each seed's score (`points`, mean over `tasks`) and per task its `jackknife`
+    deviations; the pooled seed variance and its df."""
 
     tasks: tuple[str, ...]
     sizes: dict[str, int]
@@ -228,17 +224,14 @@ def table_data(rows: Rows, tasks: Sequence[str]) -> TableData:
 @dataclasses.dataclass(frozen=True)
 class Contrast:
     """Σ_r w_r (mean of row r over its seeds): `seed_var` = pooled seed variance × Σ w_r² /
-    seeds_r (None: untestable), `example_var` (`_example_var`), `df` (Welch-Satterthwaite)."""
+    seeds_r, `example_var` (`_example_var`), `df` (Welch-Satterthwaite), the standard error `se`
+    (`seed_var`, `df` and `se` None: untestable)."""
 
     estimate: float
     seed_var: float | None
     example_var: float
-    df: float | None
-
-    @property
-    def se(self) -> float | None:
-        """The standard error, or None when untestable."""
-        return None if self.seed_var is None else math.sqrt(self.seed_var + self.example_var)
+    df: float | None = None
+    se: float | None = None
 
 
 def _satterthwaite(seed_var: float, seed_df: float, example_var: float, example_df: float) -> float:
@@ -276,26 +269,21 @@ def contrast(data: TableData, weights: Mapping[str, float]) -> Contrast:
                          for r, w in weights.items())
     example_var = _example_var(data, weights)
     if data.seed_var is None:
-        return Contrast(estimate, None, example_var, None)
+        return Contrast(estimate, None, example_var)
     seed_var = data.seed_var * math.fsum(w * w / len(data.points[r]) for r, w in weights.items())
-    return Contrast(estimate, seed_var, example_var, _satterthwaite(
-        seed_var, data.seed_df, example_var, min(data.sizes.values()) - 1))
+    df = _satterthwaite(seed_var, data.seed_df, example_var, min(data.sizes.values()) - 1)
+    return Contrast(estimate, seed_var, example_var, df, math.sqrt(seed_var + example_var))
 
 
-def _t_sf(x: float, df: float) -> float:
-    """P(T > x), T Student-t with `df` degrees of freedom (scipy.special: no BLAS)."""
-    return float(special.stdtr(df, -x))
-
-
-def _significant(x: float | None, digits: int = 10) -> float | None:
-    """`x` to `digits` significant digits: a p-value or interval from scipy's special functions
+def _significant(x: float | None) -> float | None:
+    """`x` to 10 significant digits: a p-value or interval from scipy's special functions
     (libm underneath) then serialises to the same JSON on every host."""
-    return None if x is None else float(f"{x:.{digits}g}")
+    return None if x is None else float(f"{x:.10g}")
 
 
-def interval(c: Contrast, confidence: float) -> list[float] | None:
+def interval(c: Contrast, confidence: float = CONFIDENCE) -> list[float] | None:
     """The two-sided t interval of a contrast at `confidence` (`_significant`), or None."""
-    if c.se is None or c.df is None:
+    if c.se is None:
         return None
     half = float(special.stdtrit(c.df, 1.0 - (1.0 - confidence) / 2.0)) * c.se
     return [_significant(c.estimate - half), _significant(c.estimate + half)]
@@ -303,9 +291,8 @@ def interval(c: Contrast, confidence: float) -> list[float] | None:
 
 def claim_weights(claim: Claim) -> dict[str, float]:
     """row -> weight: mean of the `better` rows minus mean of the `worse` rows."""
-    weights = {r: 1.0 / len(claim.better) for r in claim.better}
-    weights.update({r: -1.0 / len(claim.worse) for r in claim.worse})
-    return weights
+    return {**{r: 1.0 / len(claim.better) for r in claim.better},
+            **{r: -1.0 / len(claim.worse) for r in claim.worse}}
 
 
 def claim_p_value(claim: Claim, c: Contrast) -> tuple[float | None, str]:
@@ -314,10 +301,11 @@ def claim_p_value(claim: Claim, c: Contrast) -> tuple[float | None, str]:
     ±m (TOST), 'contradicted' by a one-sided test beyond the nearer of ±m; p is twice the
     deciding one-sided p, so p < γ exactly when the (1 - γ) interval settles it (`verdict`)."""
     se = c.se
-    if se is None or c.df is None or se == 0.0:
+    if not se:  # untestable, or no variance at all
         return None, "unresolved"
-    above = lambda bound: _t_sf((c.estimate - bound) / se, c.df)  # p of "difference > bound"
-    below = lambda bound: _t_sf((bound - c.estimate) / se, c.df)
+    # p of "difference > bound" and of "difference < bound" (Student t, scipy.special: no BLAS)
+    above = lambda bound: float(special.stdtr(c.df, -((c.estimate - bound) / se)))
+    below = lambda bound: float(special.stdtr(c.df, -((bound - c.estimate) / se)))
     if claim.relation == ">":
         candidates = {"reproduced": 2.0 * above(0.0), "contradicted": 2.0 * below(0.0)}
     elif claim.relation == "≈":
@@ -331,15 +319,12 @@ def claim_p_value(claim: Claim, c: Contrast) -> tuple[float | None, str]:
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values: rejecting where adjusted < α holds a family-wise
-    error rate α under any dependence."""
+    """Holm's step-down adjusted p-values (family-wise error rate α under any dependence)."""
     m = len(p_values)
     order = sorted(range(m), key=lambda i: (p_values[i], i))
-    adjusted, running = [1.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
+    steps = itertools.accumulate((min(1.0, (m - rank) * p_values[i]) for rank, i in
+                                  enumerate(order)), max)
+    return [p for _, p in sorted(zip(order, steps, strict=True))]
 
 
 def verdict(claim: Claim, lo: float, hi: float) -> str:
@@ -367,25 +352,21 @@ def power(gap: float, seed_var: float, weight_squares: float, example_var: float
 
 
 def seeds_for_power(gap: float, seed_var: float, weight_squares: float, example_var: float,
-                    rows: int, alpha: float, target: float = POWER,
-                    example_df: float = math.inf, limit: int = 100_000) -> int | None:
-    """The fewest seeds per row (>= 2) for `power` >= `target`; None when the gap is 0 or no
-    number does (with infinitely many seeds the power tends to Φ(gap / sqrt(example_var) - z))."""
+                    rows: int, alpha: float, example_df: float = math.inf) -> int | None:
+    """The fewest seeds per row (>= 2) for `power` >= `POWER`; None when the gap is 0 or no
+    number up to `MAX_SEEDS` does (the power tends to Φ(gap / sqrt(example_var) - z))."""
     z = float(special.ndtri(1.0 - alpha / 2.0))
     ceiling = float(special.ndtr(gap / math.sqrt(example_var) - z)) if example_var > 0.0 else 1.0
-    if gap <= 0.0 or seed_var <= 0.0 or ceiling < target:
+    if gap <= 0.0 or seed_var <= 0.0 or ceiling < POWER:
         return None
     reached = lambda n: power(gap, seed_var, weight_squares, example_var, rows, n, alpha,
-                              example_df) >= target
-    lo, hi = 1, 2  # reached(lo) is False (one seed has no spread), search (lo, hi]
+                              example_df) >= POWER
+    hi = 2  # one seed has no spread: double up to a count that reaches it, then bisect
     while not reached(hi):
-        lo, hi = hi, hi * 2
-        if hi > limit:
+        hi *= 2
+        if hi > MAX_SEEDS:
             return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if reached(mid) else (mid, hi)
-    return hi
+    return hi // 2 + 1 + bisect.bisect_left(range(hi // 2 + 1, hi), True, key=reached)
 
 
 def seeds_needed(differences: Sequence[float], margin: float = 0.0) -> int | None:
@@ -415,57 +396,46 @@ def _plan(claim: Claim, c: Contrast, data: TableData, alpha: float) -> dict[str,
             "seeds_limit": "test examples" if needed[1] is None and gap > 0 else None}
 
 
-def _claim_result(claim: Claim, c: Contrast, p: float | None, adjusted: float | None,
-                  settles: str, data: TableData, alpha: float, family: int,
-                  plan: bool) -> dict[str, Any]:
-    """One claim's JSON entry (see `evaluate_claims`)."""
-    result = {"table": claim.table, "claim": claim.text, "relation": claim.relation,
-              "margin": claim.margin, "difference": c.estimate, "se": _significant(c.se),
-              "df": _significant(c.df), "p": _significant(p), "p_holm": _significant(adjusted),
-              "verdict": "unresolved", "ci": None, "ci_confidence": None, "ci95": None,
-              "seeds": min(len(data.points[r]) for r in (*claim.better, *claim.worse)),
-              "seeds_needed": None, "seeds_needed_range": None, "seeds_limit": None}
-    if p is None:
-        return result
-    level = alpha * p / adjusted if adjusted > 0.0 else alpha / family
-    result.update(ci=interval(c, 1.0 - level), ci_confidence=_significant(1.0 - level),
-                  ci95=interval(c, CONFIDENCE))
-    if adjusted < alpha:
-        result["verdict"] = settles
-    elif plan:
-        result.update(_plan(claim, c, data, alpha / family))
-    return result
-
-
-def evaluate_claims(claims: Sequence[Claim], data: TableData, alpha: float = FAMILY_ALPHA,
+def evaluate_claims(claims: Sequence[Claim], data: TableData,
                     plan: bool = True) -> list[dict[str, Any]]:
     """The claims of one table whose rows all have results: each a `contrast` with a t-test
-    (`claim_p_value`), Holm over the testable ones at `alpha`. Per claim also `ci` at Holm's
+    (`claim_p_value`), Holm over the testable ones at `FAMILY_ALPHA`. Per claim also `ci` at Holm's
     level (confidence 1 - α·p/p_holm: it clears the boundary exactly when the verdict is
     settled), `ci95`, and if unresolved the seeds for 80% power at α/m (`_plan`, if `plan`)."""
     contrasts = [(claim, contrast(data, claim_weights(claim))) for claim in claims
                  if all(r in data.points for r in (*claim.better, *claim.worse))]
     tested = [(claim, c, *claim_p_value(claim, c)) for claim, c in contrasts]
     family = [p for _, _, p, _ in tested if p is not None]
-    adjusted = iter(holm(family))
-    return [_claim_result(claim, c, p, None if p is None else next(adjusted), settles, data,
-                          alpha, len(family), plan) for claim, c, p, settles in tested]
-
-
-def row_interval(data: TableData, row: str, confidence: float = CONFIDENCE) -> list[float] | None:
-    """A row's mean score with a t interval (the same design as the claims), or None."""
-    return interval(contrast(data, {row: 1.0}), confidence)
+    adjusted, results = iter(holm(family)), []
+    for claim, c, p, settles in tested:
+        p_holm = None if p is None else next(adjusted)
+        result = {"table": claim.table, "claim": claim.text, "relation": claim.relation,
+                  "margin": claim.margin, "difference": c.estimate, "se": _significant(c.se),
+                  "df": _significant(c.df), "p": _significant(p), "p_holm": _significant(p_holm),
+                  "verdict": "unresolved", "ci": None, "ci_confidence": None, "ci95": None,
+                  "seeds": min(len(data.points[r]) for r in (*claim.better, *claim.worse)),
+                  "seeds_needed": None, "seeds_needed_range": None, "seeds_limit": None}
+        results.append(result)
+        if p is None:
+            continue
+        level = FAMILY_ALPHA * p / p_holm if p_holm > 0.0 else FAMILY_ALPHA / len(family)
+        result.update(ci=interval(c, 1.0 - level), ci_confidence=_significant(1.0 - level),
+                      ci95=interval(c, CONFIDENCE))
+        if p_holm < FAMILY_ALPHA:
+            result["verdict"] = settles
+        elif plan:
+            result.update(_plan(claim, c, data, FAMILY_ALPHA / len(family)))
+    return results
 
 
 # ---- Kendall τ: the test, exact ---------------------------------------------------------------
 
 
-def kendall_permutation_p(x: Sequence[float], y: Sequence[float],
-                          max_enumerated: int = MAX_ENUMERATED_ROWS) -> float | None:
+def kendall_permutation_p(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Two-sided exact permutation p-value of Kendall's τ-b: the share of the k! orders of `y`
     whose |S| (S = Σ_{i<j} sign(x_j - x_i) sign(y_j - y_i)) reaches the observed one. Without
-    ties S = k(k-1)/2 - 2 × inversions, counted exactly (Mahonian numbers); with ties every
-    order is enumerated (k <= `max_enumerated`, else None). None below 2 rows or if constant."""
+    ties S = k(k-1)/2 - 2 × inversions, counted exactly (Mahonian numbers); with ties every order
+    is enumerated (k <= `MAX_ENUMERATED_ROWS`, else None). None below 2 rows or if constant."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     k = len(x)
     if k != len(y):
@@ -482,7 +452,7 @@ def kendall_permutation_p(x: Sequence[float], y: Sequence[float],
                       for n in range(len(counts) + size - 1)]
         hits = sum(c for inv, c in enumerate(counts) if abs(len(i) - 2 * inv) >= observed)
         return hits / math.factorial(k)
-    if k > max_enumerated:
+    if k > MAX_ENUMERATED_ROWS:
         return None
     order = np.fromiter(itertools.chain.from_iterable(itertools.permutations(range(k))),
                         np.int8, count=math.factorial(k) * k).reshape(-1, k)
@@ -496,10 +466,9 @@ def kendall_permutation_p(x: Sequence[float], y: Sequence[float],
 # ---- Post-hoc pairs and host as a factor (plain Python: the same bits on every CPU) --------
 
 
-def pairwise(groups: Mapping[str, Sequence[float]],
-             alpha: float = FAMILY_ALPHA) -> dict[str, Any] | None:
+def pairwise(groups: Mapping[str, Sequence[float]]) -> dict[str, Any] | None:
     """Every pair of rows (in `groups` order) by a t-test with the pooled seed variance, Holm
-    over the pairs (`differ` at `alpha`). None without a pooled variance or with < 2 rows."""
+    over the pairs (`differ` at `FAMILY_ALPHA`). None without a pooled variance or with < 2 rows."""
     rows = {r: [float(x) for x in g] for r, g in groups.items() if g}
     var, df = pooled_variance(list(rows.values()))
     if var is None or len(rows) < 2 or var == 0.0:
@@ -511,12 +480,12 @@ def pairwise(groups: Mapping[str, Sequence[float]],
         se = math.sqrt(var * (1.0 / len(rows[first]) + 1.0 / len(rows[second])))
         hi, lo = (first, second) if diff >= 0 else (second, first)
         pairs.append({"better": hi, "worse": lo, "difference": abs(diff),
-                      "p": min(1.0, 2.0 * _t_sf(abs(diff) / se, df))})
+                      "p": min(1.0, 2.0 * float(special.stdtr(df, -(abs(diff) / se))))})
     for pair, adjusted in zip(pairs, holm([p["p"] for p in pairs]), strict=True):
         pair.update(p=_significant(pair["p"]), p_holm=_significant(adjusted),
-                    differ=adjusted < alpha)
+                    differ=adjusted < FAMILY_ALPHA)
     return {"method": "Holm over pairwise t-tests, pooled seed variance", "seed_df": df,
-            "alpha": alpha, "pairs": pairs}
+            "alpha": FAMILY_ALPHA, "pairs": pairs}
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> tuple[list[float], int]:

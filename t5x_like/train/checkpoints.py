@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import traverse_util
 
 from t5x_like.train.train_state import TrainState
 
@@ -209,13 +210,10 @@ def _tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def _path_str(path: tuple[Any, ...]) -> str:
-    return "/".join(str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path)
-
-
 def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """Every leaf's shape by its '/'-joined path."""
-    return {_path_str(path): tuple(getattr(leaf, "shape", ()) or ())
+    return {jax.tree_util.keystr(path, simple=True, separator="/"):
+            tuple(getattr(leaf, "shape", ()) or ())
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
@@ -294,20 +292,17 @@ class Checkpointer:
         anything is written) or the previous save failed; ``poll``/``wait`` confirm the save.
         A `TrainState` is stored as its dict (`TrainState.as_dict`).
         """
-        if not force and not self.should_save(step):
-            return False
-        if step == self.last_saved or step in self.manager.all_steps():
+        if ((not force and not self.should_save(step)) or step == self.last_saved
+                or step in self.manager.all_steps()):
             return False
         self.wait()  # the previous save is confirmed (or raises) before this one starts
         self.check_space(step, state)
         self.last_saved = self._pending = step
         try:
             return bool(self.manager.save(
-                step,
+                step, force=True,
                 args=ocp.args.Composite(state=ocp.args.StandardSave(_stored_tree(state)),
-                                        data=ocp.args.JsonSave(dict(data_state))),
-                force=True,
-            ))
+                                        data=ocp.args.JsonSave(dict(data_state)))))
         except Exception as err:  # noqa: BLE001 - orbax/tensorstore raise many types
             self._failed(step, err)
             raise
@@ -433,10 +428,9 @@ class Checkpointer:
             state = TrainState.from_dict(state)
         return state, dict(restored["data"] or {})
 
-    def restore_latest(
-        self, abstract_state: Any, *, step: int | None = None,
-        warn: Callable[[str], None] = print, move_aside: bool = True,
-    ) -> tuple[int, Any, dict[str, Any]] | None:
+    def restore_latest(self, abstract_state: Any, *, step: int | None = None,
+                       warn: Callable[[str], None] = print, move_aside: bool = True
+                       ) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, data_state) of ``step``, or of the newest readable step; None if none.
 
         With ``step=None`` unreadable newer steps are reported through ``warn`` and (with
@@ -539,35 +533,28 @@ def load_params(path: str, abstract_params: Any) -> Any:
     if not isinstance(meta, Mapping) or not meta:
         raise CheckpointUnreadableError(
             state_dir, "its tree metadata (_METADATA) is missing: not a complete orbax checkpoint")
-    has_wrapper = "params" in meta and "opt_state" in meta
-    found = meta["params"] if has_wrapper else meta
-    nested = isinstance(found, Mapping) and set(found) == {"params"}
-    if nested:
-        found = found["params"]
+    # The params sit under 0-2 'params' keys: a train state's, then a flax {'params': ...}.
+    depth = int("params" in meta and "opt_state" in meta)
+    found = meta["params"] if depth else meta
+    if isinstance(found, Mapping) and set(found) == {"params"}:
+        depth, found = depth + 1, found["params"]
     compare_trees(abstract_params, found, what=f"parameters in {state_dir}")
-    target: Any = {"params": abstract_params} if nested else abstract_params
-    if has_wrapper:
+    target = abstract_params
+    for _ in range(depth):
         target = {"params": target}
     args = ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
         partial_restore=True)
     restored = _quiet_restore(lambda: checkpointer.restore(state_dir, args=args), state_dir)
-    if has_wrapper:
+    for _ in range(depth):
         restored = restored["params"]
-    return restored["params"] if nested else restored
+    return restored
 
 
 def _load_file_params(path: str) -> Any:
     if path.endswith(".npz"):
         with np.load(path) as npz:
-            tree: dict[str, Any] = {}
-            for key in npz.files:
-                node = tree
-                *parents, leaf = key.split("/")
-                for p in parents:
-                    node = node.setdefault(p, {})
-                node[leaf] = npz[key]
-        return tree
+            return traverse_util.unflatten_dict({key: npz[key] for key in npz.files}, sep="/")
     if path.endswith(".msgpack"):
         from flax import serialization
 

@@ -26,21 +26,10 @@ log = logging.getLogger(__name__)
 class InputPipeline:
     """An endless, resumable iterator of global batches for one task/split."""
 
-    def __init__(
-        self,
-        *,
-        task: str,
-        split: str,
-        sequence_length: Mapping[str, int],
-        global_batch_size: int,
-        model_family: str,
-        vocabulary: str,
-        pack: bool,
-        shuffle: bool,
-        seed: int | None,
-        sharding: jax.sharding.Sharding,
-        checkpoint_iterator: bool = True,
-    ) -> None:
+    def __init__(self, *, task: str, split: str, sequence_length: Mapping[str, int],
+                 global_batch_size: int, model_family: str, vocabulary: str, pack: bool,
+                 shuffle: bool, seed: int | None, sharding: jax.sharding.Sharding,
+                 checkpoint_iterator: bool = True) -> None:
         nproc = jax.process_count()
         if global_batch_size % nproc:
             raise ValueError(f"batch_size={global_batch_size} not divisible by {nproc} processes")

@@ -37,11 +37,8 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def launch_mode(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    env: Mapping[str, str] | None = None,
-) -> str | None:
+def launch_mode(coordinator_address: str | None = None, num_processes: int | None = None,
+                env: Mapping[str, str] | None = None) -> str | None:
     """How ``initialize`` starts the runtime: 'explicit' (flags), a ``detect_cluster`` kind, or
     None (single process, nothing to do)."""
     if coordinator_address is not None or (num_processes or 1) > 1:
@@ -49,28 +46,18 @@ def launch_mode(
     return detect_cluster(env)
 
 
-def enable_cpu_collectives() -> None:
-    """Cross-process collectives on CPU need gloo (the default CPU client has none)."""
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-
-def initialize(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-) -> bool:
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> bool:
     """Initialise ``jax.distributed`` if this is a multi-process run; returns whether it did."""
     mode = launch_mode(coordinator_address, num_processes)
     if mode is None:
         return False
     if "cpu" in os.environ.get("JAX_PLATFORMS", "").split(","):
-        enable_cpu_collectives()
+        # Cross-process collectives on CPU need gloo (the default CPU client has none).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if mode == "explicit":
-        jax.distributed.initialize(
-            coordinator_address=coordinator_address,
-            num_processes=num_processes,
-            process_id=process_id,
-        )
+        jax.distributed.initialize(coordinator_address=coordinator_address,
+                                   num_processes=num_processes, process_id=process_id)
     else:
         jax.distributed.initialize()
     return True

@@ -21,6 +21,8 @@ import gin
 
 _CONTAINERS = {list: list, tuple: tuple, cabc.Sequence: (list, tuple),
                cabc.Mapping: cabc.Mapping, dict: cabc.Mapping}
+#: Scalar annotations and the types they accept (a bool is never taken for an int or a float).
+_SCALARS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
 
 
 def matches(value: Any, hint: Any) -> bool:
@@ -34,14 +36,8 @@ def matches(value: Any, hint: Any) -> bool:
         return any(matches(value, a) for a in args)
     if origin is typing.Literal:
         return value in args
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
+    if hint in _SCALARS:
+        return isinstance(value, _SCALARS[hint]) and (hint is bool or not isinstance(value, bool))
     container = _CONTAINERS.get(origin or hint)
     if container is None:
         return True  # a class, callable, module, ...: not checked here

@@ -17,16 +17,10 @@ from typing import Any, TextIO
 #: Dense bf16 peak FLOP/s per chip, matched by substring of ``jax.Device.device_kind`` (lowercase).
 #: Order matters: more specific names first.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("h200", 989e12),
-    ("h100", 989e12),
-    ("gh200", 989e12),
-    ("a100", 312e12),
-    ("tpu v5 lite", 197e12),  # v5e
-    ("tpu v5e", 197e12),
-    ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),  # v5p reports "TPU v5"
-    ("tpu v6 lite", 918e12),  # v6e (Trillium)
-    ("tpu v4", 275e12),
+    ("h200", 989e12), ("h100", 989e12), ("gh200", 989e12), ("a100", 312e12),
+    ("tpu v5 lite", 197e12), ("tpu v5e", 197e12),  # v5e reports "TPU v5 lite"
+    ("tpu v5p", 459e12), ("tpu v5", 459e12),  # v5p reports "TPU v5"
+    ("tpu v6 lite", 918e12), ("tpu v4", 275e12),  # v6e (Trillium) reports "TPU v6 lite"
 )
 
 
@@ -44,10 +38,8 @@ def mfu(model_flops_per_second: float, num_devices: int, device_kind: str) -> fl
     return model_flops_per_second / (peak * num_devices)
 
 
-def throughput(
-    *, steps: int, seconds: float, batch_size: int, tokens_per_seq: int, flops_per_step: float,
-    devices: int, device_kind: str,
-) -> dict[str, float | None]:
+def throughput(*, steps: int, seconds: float, batch_size: int, tokens_per_seq: int,
+               flops_per_step: float, devices: int, device_kind: str) -> dict[str, float | None]:
     """Rates over ``steps`` steps that took ``seconds`` of wall time (None when not measurable).
 
     The trainer times the interval between two metric reads; each read waits for its step to
@@ -67,7 +59,7 @@ def throughput(
 
 
 def _fmt(value: float) -> str:
-    if value == 0 or math.isnan(value) or math.isinf(value):
+    if value == 0 or not math.isfinite(value):
         return f"{value}"
     if abs(value) >= 1e4 or abs(value) < 1e-3:
         return f"{value:.3e}"
@@ -84,10 +76,8 @@ def _si(value: float) -> str:
 class MetricsWriter:
     """Writes metric dicts to the console, ``metrics.jsonl`` and TensorBoard (process 0 only)."""
 
-    def __init__(
-        self, model_dir: str, *, enabled: bool = True, tensorboard: bool = True,
-        stream: TextIO | None = None,
-    ) -> None:
+    def __init__(self, model_dir: str, *, enabled: bool = True, tensorboard: bool = True,
+                 stream: TextIO | None = None) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stdout
         self._jsonl: TextIO | None = None
@@ -154,17 +144,15 @@ class MetricsWriter:
         """The console progress line: loss, lr, examples/s, tokens/s, FLOP/s and MFU."""
         m = dict(metrics)
         parts = [f"step {step}/{total}"]
-        for key in ("loss", "accuracy", "learning_rate", "grad_norm"):
-            if m.get(key) is not None:
-                parts.append(f"{key} {_fmt(m[key])}")
+        parts += [f"{key} {_fmt(m[key])}" for key in ("loss", "accuracy", "learning_rate",
+                                                       "grad_norm") if m.get(key) is not None]
         if m.get("examples_per_second") is not None:
             parts.append(f"{m['examples_per_second']:.1f} ex/s")
         if m.get("tokens_per_second") is not None:
             parts.append(f"{_si(m['tokens_per_second'])} tok/s")
         if m.get("model_flops_per_second") is not None:
             parts.append(f"{_si(m['model_flops_per_second'])}FLOP/s")
-        mfu_value = m.get("mfu")
-        parts.append("MFU n/a" if mfu_value is None else f"MFU {100 * mfu_value:.1f}%")
+        parts.append("MFU n/a" if m.get("mfu") is None else f"MFU {100 * m['mfu']:.1f}%")
         self.console(" | ".join(parts))
 
     def close(self) -> None:

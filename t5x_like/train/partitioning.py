@@ -27,34 +27,15 @@ BATCH_AXES: tuple[str, str] = ("data", "fsdp")
 
 LogicalRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
-_ACTIVATIONS_DP: LogicalRules = (
-    ("activation_batch", BATCH_AXES),
-    ("activation_length", None),
-    ("activation_embed", None),
-    ("activation_mlp", None),
-    ("activation_heads", None),
-    ("activation_kv", None),
-    ("activation_vocab", None),
-)
+_ACTIVATIONS_DP: LogicalRules = (("activation_batch", BATCH_AXES), *(
+    (f"activation_{name}", None) for name in ("length", "embed", "mlp", "heads", "kv", "vocab")))
 _ACTIVATIONS_TP: LogicalRules = (
     ("activation_batch", BATCH_AXES),
-    ("activation_mlp", "model"),
-    ("activation_heads", "model"),
-    ("activation_vocab", "model"),
-    ("activation_length", None),
-    ("activation_embed", None),
-    ("activation_kv", None),
-)
+    *((f"activation_{name}", "model") for name in ("mlp", "heads", "vocab")),
+    *((f"activation_{name}", None) for name in ("length", "embed", "kv")))
 _PARAMS_TP: LogicalRules = (
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("kv_heads", "model"),
-    ("joined_kv", "model"),
-    ("vocab", "model"),
-    ("relpos_buckets", None),
-    ("kv", None),
-    ("layers", None),
-)
+    *((name, "model") for name in ("mlp", "heads", "kv_heads", "joined_kv", "vocab")),
+    *((name, None) for name in ("relpos_buckets", "kv", "layers")))
 
 #: Named presets. ``data_parallel``: params replicated, batch over data×fsdp. ``fsdp`` (ZeRO-3):
 #: params and optimizer state sharded over ``fsdp`` along ``embed`` (falling back to ``mlp`` /
@@ -71,9 +52,8 @@ PRESETS: dict[str, LogicalRules] = {
 
 
 @gin.configurable
-def logical_axis_rules(
-    preset: str = "fsdp", extra_rules: Sequence[tuple[str, Any]] = ()
-) -> LogicalRules:
+def logical_axis_rules(preset: str = "fsdp",
+                       extra_rules: Sequence[tuple[str, Any]] = ()) -> LogicalRules:
     """Rules for ``preset`` (see PRESETS); ``extra_rules`` take precedence over the preset."""
     if preset not in PRESETS:
         raise ValueError(f"logical_axis_rules.preset={preset!r}; choose one of {sorted(PRESETS)}")
@@ -99,11 +79,8 @@ def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int
 
 
 @gin.configurable
-def fsdp_tp_mesh_shape(
-    model_parallelism: int = 8,
-    num_devices: int | None = None,
-    devices_per_host: int | None = None,
-) -> tuple[int, int, int]:
+def fsdp_tp_mesh_shape(model_parallelism: int = 8, num_devices: int | None = None,
+                       devices_per_host: int | None = None) -> tuple[int, int, int]:
     """``(1, fsdp, model)`` for FSDP + tensor parallelism, chosen from the device count.
 
     ``model`` = gcd(model_parallelism, devices per host), so the tensor-parallel axis never
@@ -154,9 +131,8 @@ def _granule_mesh(ici_shape: tuple[int, ...], devs: list[Any]) -> np.ndarray:
         return np.asarray(devs, dtype=object).reshape(ici_shape)
 
 
-def hybrid_device_layout(
-    mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int], granules: Sequence[Sequence[Any]],
-) -> np.ndarray:
+def hybrid_device_layout(mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int],
+                         granules: Sequence[Sequence[Any]]) -> np.ndarray:
     """A ``mesh_shape`` device array built from ``prod(dcn_mesh_shape)`` granules (hosts/slices).
 
     Each mesh axis of size ``n`` is ``dcn[i]`` granules x ``n / dcn[i]`` devices inside one
@@ -184,11 +160,8 @@ def hybrid_device_layout(
 
 
 @gin.configurable
-def create_mesh(
-    mesh_shape: Sequence[int] = (-1, 1, 1),
-    devices: Sequence[jax.Device] | None = None,
-    dcn_mesh_shape: Sequence[int] | None = None,
-) -> Mesh:
+def create_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices: Sequence[jax.Device] | None = None,
+                dcn_mesh_shape: Sequence[int] | None = None) -> Mesh:
     """A ``('data', 'fsdp', 'model')`` mesh over all (global) devices; -1 fills the rest.
 
     One process: ``mesh_utils.create_device_mesh`` (follows the physical topology). Several
@@ -220,12 +193,8 @@ def _axes_size(mesh: Mesh, axes: str | tuple[str, ...] | None) -> int:
     return 1 if axes is None else math.prod(mesh.shape[a] for a in _as_tuple(axes))
 
 
-def mesh_spec(
-    logical: PartitionSpec | Sequence[str | None] | None,
-    shape: Sequence[int],
-    mesh: Mesh,
-    rules: LogicalRules,
-) -> PartitionSpec:
+def mesh_spec(logical: PartitionSpec | Sequence[str | None] | None, shape: Sequence[int],
+              mesh: Mesh, rules: LogicalRules) -> PartitionSpec:
     """Mesh PartitionSpec for an array of ``shape`` with logical axis names ``logical``.
 
     Mesh axes that do not divide their dimension (or are absent from the mesh) are dropped.
@@ -258,9 +227,8 @@ def param_shardings(abstract_boxed: Any, mesh: Mesh, rules: LogicalRules) -> tup
     return logical, shardings
 
 
-def derived_state_shardings(
-    abstract_state: Any, abstract_params: Any, logical_params: Any, mesh: Mesh, rules: LogicalRules
-) -> Any:
+def derived_state_shardings(abstract_state: Any, abstract_params: Any, logical_params: Any,
+                            mesh: Mesh, rules: LogicalRules) -> Any:
     """Shardings for optimizer state: every subtree shaped like the params inherits their axes.
 
     Leaves with the parameter's shape take its logical axes; factored statistics (one dimension
@@ -283,12 +251,10 @@ def derived_state_shardings(
         names = tuple(spec) if spec is not None else (None,) * len(param.shape)
         if tuple(leaf.shape) == tuple(param.shape):
             return NamedSharding(mesh, mesh_spec(names, leaf.shape, mesh, rules))
-        if len(leaf.shape) == len(param.shape) - 1:
-            for drop in range(len(param.shape) - 1, -1, -1):
-                kept = tuple(param.shape[:drop]) + tuple(param.shape[drop + 1 :])
-                if kept == tuple(leaf.shape):
-                    sub = names[:drop] + names[drop + 1 :]
-                    return NamedSharding(mesh, mesh_spec(sub, leaf.shape, mesh, rules))
+        for drop in reversed(range(len(param.shape))):  # a factored statistic: one axis reduced
+            if tuple(param.shape[:drop]) + tuple(param.shape[drop + 1 :]) == tuple(leaf.shape):
+                sub = names[:drop] + names[drop + 1 :]
+                return NamedSharding(mesh, mesh_spec(sub, leaf.shape, mesh, rules))
         return replicated
 
     def node(x: Any) -> Any:

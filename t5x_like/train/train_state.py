@@ -55,13 +55,8 @@ class ShardedState:
     init_fn: Callable[[jax.Array], TrainState]
 
 
-def sharded_state(
-    model: Any,
-    optimizer: Optimizer,
-    init_batch: Mapping[str, jax.Array],
-    mesh: jax.sharding.Mesh,
-    rules: partitioning.LogicalRules,
-) -> ShardedState:
+def sharded_state(model: Any, optimizer: Optimizer, init_batch: Mapping[str, jax.Array],
+                  mesh: jax.sharding.Mesh, rules: partitioning.LogicalRules) -> ShardedState:
     """Shapes and shardings of the train state, without allocating it."""
 
     def boxed_params(rng: jax.Array) -> Any:
@@ -84,11 +79,8 @@ def sharded_state(
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abstract_state, shardings)
 
-    def init_fn(rng: jax.Array) -> TrainState:
-        return _fresh_state(nn.unbox(boxed_params(rng)), optimizer)
-
     return ShardedState(abstract=abstract, shardings=shardings, logical_params=logical,
-                        init_fn=init_fn)
+                        init_fn=lambda rng: _fresh_state(nn.unbox(boxed_params(rng)), optimizer))
 
 
 def _fresh_state(params: Any, optimizer: Optimizer) -> TrainState:

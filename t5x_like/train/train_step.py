@@ -36,14 +36,10 @@ def _split_microbatches(batch: Mapping[str, jax.Array], n: int) -> dict[str, jax
     return {k: split(v) for k, v in batch.items()}
 
 
-def make_train_step(
-    model: Any,
-    optimizer: Optimizer,
-    *,
-    num_microbatches: int = 1,
-    on_nonfinite: str = "stop",
-) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array],
-              tuple[TrainState, dict[str, jax.Array]]]:
+def make_train_step(model: Any, optimizer: Optimizer, *, num_microbatches: int = 1,
+                    on_nonfinite: str = "stop"
+                    ) -> Callable[[TrainState, Mapping[str, jax.Array], jax.Array],
+                                  tuple[TrainState, dict[str, jax.Array]]]:
     """``step(state, batch, rng) -> (state, metrics)`` (un-jitted; see ``jit_train_step``).
 
     ``on_nonfinite='skip'`` leaves params/optimizer state unchanged when the loss or gradient
@@ -82,8 +78,7 @@ def make_train_step(
                 return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, m_acc, m)), None
 
             (grads, metrics), _ = jax.lax.scan(
-                body, (zeros, m_zeros), (jnp.arange(num_microbatches), mbs)
-            )
+                body, (zeros, m_zeros), (jnp.arange(num_microbatches), mbs))
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
         updates, new_opt = optimizer.tx.update(grads, state.opt_state, params)
@@ -95,8 +90,7 @@ def make_train_step(
             metrics, grad_norm=grad_norm,
             learning_rate=jnp.asarray(optimizer.schedule(state.step), jnp.float32),
             finite=finite.astype(jnp.float32), param_norm=optax.global_norm(new_params))
-        new_state = TrainState(opt_state=new_opt, params=new_params, step=state.step + 1)
-        return new_state, metrics
+        return TrainState(opt_state=new_opt, params=new_params, step=state.step + 1), metrics
 
     return step
 
@@ -104,14 +98,11 @@ def make_train_step(
 def jit_train_step(step: Callable[..., Any], plan: ShardedState, mesh: jax.sharding.Mesh,
                    rules: partitioning.LogicalRules) -> Callable[..., Any]:
     """Jit the train step with the state's shardings (donated) and batch-sharded inputs."""
-    batch_sh = partitioning.batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     return partitioning.jit_sharded(
-        step, mesh, rules,
-        in_shardings=(plan.shardings, batch_sh, replicated),
-        out_shardings=(plan.shardings, replicated),
-        donate_argnums=(0,),
-    )
+        step, mesh, rules, donate_argnums=(0,),
+        in_shardings=(plan.shardings, partitioning.batch_sharding(mesh, rules), replicated),
+        out_shardings=(plan.shardings, replicated))
 
 
 def make_eval_step(model: Any) -> Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]]:
@@ -132,9 +123,6 @@ def make_eval_step(model: Any) -> Callable[[Any, Mapping[str, jax.Array]], dict[
 def jit_eval_step(fn: Callable[..., Any], plan: ShardedState, mesh: jax.sharding.Mesh,
                   rules: partitioning.LogicalRules) -> Callable[..., Any]:
     """Jit the eval step (params sharded like the train state, batch sharded)."""
-    replicated = NamedSharding(mesh, PartitionSpec())
     return partitioning.jit_sharded(
-        fn, mesh, rules,
-        in_shardings=(plan.shardings.params, partitioning.batch_sharding(mesh, rules)),
-        out_shardings=replicated,
-    )
+        fn, mesh, rules, out_shardings=NamedSharding(mesh, PartitionSpec()),
+        in_shardings=(plan.shardings.params, partitioning.batch_sharding(mesh, rules)))

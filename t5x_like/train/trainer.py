@@ -7,6 +7,7 @@ another; with none, the state is initialised (from ``init_params_path`` when fin
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -80,8 +81,6 @@ class _SignalFlag:
     that is under way, aborts at once (KeyboardInterrupt).
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
     def __init__(self) -> None:
         self.raised = False
         self.name = ""
@@ -94,11 +93,9 @@ class _SignalFlag:
             self.raised = True
             self.name = signal.Signals(signum).name
 
-        for sig in self.SIGNALS:
-            try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not in the main thread
                 self._previous[sig] = signal.signal(sig, handler)
-            except ValueError:  # not in the main thread
-                pass
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():
@@ -110,8 +107,7 @@ class _SignalFlag:
             return self.raised
         from jax.experimental import multihost_utils
 
-        flags = multihost_utils.process_allgather(np.asarray(self.raised, np.int32))
-        return bool(np.any(flags))
+        return bool(np.any(multihost_utils.process_allgather(np.asarray(self.raised, np.int32))))
 
 
 class InvalidRunError(ValueError):
@@ -336,42 +332,16 @@ TrainArgs = dataclasses.make_dataclass(
                   inspect.signature(train).parameters.items()], frozen=True)
 
 
-class _StepTimer:
-    """Steps and seconds since the last logged step (for throughput).
-
-    The run's first step includes compilation: the timer restarts after it.
-    """
-
-    def __init__(self, first: int) -> None:
-        self.first = first
-        self.restart()
-
-    def restart(self) -> None:
-        self.mark = time.perf_counter()
-        self.steps = 0
-
-    def count(self, step: int) -> None:
-        """Step ``step``'s metrics were read."""
-        if step == self.first:
-            self.restart()
-        else:
-            self.steps += 1
-
-    def interval(self) -> tuple[int, float]:
-        """(steps, seconds) since the last restart."""
-        return self.steps, time.perf_counter() - self.mark
-
-
 class Trainer:
     """One run of `train` in named parts (its arguments checked, the model dir locked).
 
     Construction builds what the run needs (metrics writer, state plan, checkpointer, input
     pipelines, jitted steps) around the state `restore_or_init` gives. `run` then dispatches
     `take_step` per batch and `report`s each step's metrics one step late; a step whose metrics
-    must be read at once (`_read_now`) is a boundary, where `at_boundary` may
+    must be read at once (`train_steps`' ``must_read``) is a boundary, where `at_boundary` may
     `maybe_checkpoint`, `evaluate` and `stop_for_signal`; `finish` saves the last step.
     A new train metric goes into `report` (`_log_train`), an eval metric into `evaluate`, a new
-    periodic action into `at_boundary` (and, if it needs the step's metrics, `_read_now`).
+    periodic action into `at_boundary` (and, if it needs the step's metrics, ``must_read``).
     """
 
     def __init__(self, args: TrainArgs, mesh: jax.sharding.Mesh,
@@ -395,11 +365,9 @@ class Trainer:
         self.state = self.restore_or_init()
         self.start = int(jax.device_get(self.state.step))
         self.step_fn = train_step.jit_train_step(
-            train_step.make_train_step(args.model, self.optimizer,
-                                       num_microbatches=args.num_microbatches,
-                                       on_nonfinite=args.on_nonfinite),
-            self.plan, mesh, rules,
-        )
+            train_step.make_train_step(args.model, self.optimizer, on_nonfinite=args.on_nonfinite,
+                                       num_microbatches=args.num_microbatches),
+            self.plan, mesh, rules)
         self.eval_fn = train_step.jit_eval_step(train_step.make_eval_step(args.model), self.plan,
                                                 mesh, rules)
         self.eval_data = (self._pipeline(args.eval_split, shuffle=False, checkpoint_iterator=False)
@@ -412,11 +380,10 @@ class Trainer:
                                * args.batch_size)
         self.dropout_rng = jax.random.key(args.seed + 1)
         self.signals = _SignalFlag()
-        self.timer = _StepTimer(first=self.start + 1)
+        self.timed_from = (self.start, time.perf_counter())  # (step, time) throughput counts from
         self.last: dict[str, float] = {}  # the last logged train metrics: `run`'s result
 
-    def _pipeline(self, split: str, *, shuffle: bool, checkpoint_iterator: bool
-                  ) -> InputPipeline:
+    def _pipeline(self, split: str, *, shuffle: bool, checkpoint_iterator: bool) -> InputPipeline:
         args = self.args
         return InputPipeline(
             task=args.task, sequence_length=args.sequence_length, global_batch_size=args.batch_size,
@@ -435,61 +402,50 @@ class Trainer:
         if args.restore_dir and self.checkpointer.latest_step() is None:
             source = checkpoints.Checkpointer(args.restore_dir,
                                               save_interval_steps=args.checkpoint_every, keep=None)
+        own = source is self.checkpointer
         restored = source.restore_latest(self.plan.abstract, step=args.restore_step,
-                                         warn=self.writer.console,
-                                         move_aside=source is self.checkpointer)
-        if restored is not None:
-            return self._resume(source, *restored)
-        if args.init_params_path:
+                                         warn=self.writer.console, move_aside=own)
+        if restored is None and args.init_params_path:
             params = checkpoints.load_params(args.init_params_path, self.plan.abstract.params)
             state = train_state.state_with_params(self.plan, params, self.optimizer, self.mesh,
                                                   self.rules)
-            self.writer.console(f"[t5x_like.train] initialised params from "
-                                f"{args.init_params_path}")
+            self.writer.console(f"[t5x_like.train] initialised params from {args.init_params_path}")
             return state
-        return train_state.create_state(self.plan, jax.random.key(args.seed), self.mesh,
-                                        self.rules)
-
-    def _resume(self, source: checkpoints.Checkpointer, step: int,
-                state: train_state.TrainState, data_state: Mapping[str, Any]
-                ) -> train_state.TrainState:
-        """Take up checkpoint ``step`` of ``source``: the data position, the metrics log."""
-        if source is self.checkpointer:
+        if restored is None:
+            return train_state.create_state(self.plan, jax.random.key(args.seed), self.mesh,
+                                            self.rules)
+        step, state, data_state = restored  # take up its data position and metrics log
+        if own:
             self.writer.rewind(step)  # the steps after the checkpoint are logged again
-        how = "not needed"
-        if step < self.args.num_train_steps:
-            how = self.train_data.restore(data_state, source.data_state_path(step))
+        how = (self.train_data.restore(data_state, source.data_state_path(step))
+               if step < args.num_train_steps else "not needed")
         self.writer.console(f"[t5x_like.train] restored step {step} from {source.directory} "
                             f"(data: {how}, {data_state.get('batches_consumed')} batches "
                             "consumed)")
-        if source is not self.checkpointer:
+        if not own:
             source.close()
         return state
 
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self) -> dict[str, float]:
-        """Train up to ``num_train_steps`` (or, already there, evaluate); returns `last`."""
+        """Train up to ``num_train_steps`` (already there, e.g. gin/runs/eval.gin: evaluate the
+        restored step, if asked to); returns `last`."""
         self.signals.install()
         try:
-            if self.start >= self.args.num_train_steps:
-                self.evaluate_only()
-            else:
+            if self.start < self.args.num_train_steps:
                 self.train_steps()
-                self.finish()
+                self.finish(self.args.num_train_steps)
+            elif self.eval_data is not None:
+                self.evaluate(self.start)
+            elif self.args.num_train_steps:
+                self.writer.console(f"[t5x_like.train] already at step {self.start} = "
+                                    "train.num_train_steps: nothing to train")
         finally:
             self.signals.uninstall()
             self.checkpointer.close()
             self.writer.close()
         return self.last
-
-    def evaluate_only(self) -> None:
-        """Nothing to train (e.g. gin/runs/eval.gin): evaluate the restored step, if asked to."""
-        if self.eval_data is not None:
-            self.evaluate(self.start)
-        elif self.args.num_train_steps:
-            self.writer.console(f"[t5x_like.train] already at step {self.start} = "
-                                "train.num_train_steps: nothing to train")
 
     def train_steps(self) -> None:
         """Steps ``start + 1 .. num_train_steps``.
@@ -501,14 +457,22 @@ class Trainer:
         finds step N non-finite under 'stop', the already dispatched step N+1 (computed from
         the bad state) is dropped: never logged, counted or saved.
         """
+        args = self.args
         pending: tuple[int, Any] | None = None  # (step, device metrics) not yet read
-        for done in range(self.start + 1, self.args.num_train_steps + 1):
+        for done in range(self.start + 1, args.num_train_steps + 1):
             step_metrics = self.take_step(next(self.train_data))
             if pending is not None:
                 self.report(*pending)
             pending = (done, step_metrics)
-            eval_due, must_read = self._read_now(done)
-            signalled = self._signalled(done, must_read)
+            final = done == args.num_train_steps
+            eval_due = self.eval_data is not None and (done % args.eval_every == 0 or final)
+            must_read = (args.synchronous_metrics or eval_due or final
+                         or self.checkpointer.should_save(done))
+            # Whether any process got SIGTERM / Ctrl-C: checked at the same steps on every
+            # process (agreeing is a collective), and every step with one process.
+            signalled = ((must_read or jax.process_count() == 1
+                          or done % max(args.signal_check_every, 1) == 0)
+                         and self.signals.any_process())
             if must_read or signalled:
                 self.report(*pending)
                 pending = None
@@ -520,25 +484,6 @@ class Trainer:
         self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng)
         return step_metrics
 
-    def _read_now(self, done: int) -> tuple[bool, bool]:
-        """(whether step ``done`` evaluates, whether its metrics must be read before the next
-        step is dispatched)."""
-        args = self.args
-        eval_due = self.eval_data is not None and (done % args.eval_every == 0
-                                                   or done == args.num_train_steps)
-        must_read = (args.synchronous_metrics or eval_due or done == args.num_train_steps
-                     or self.checkpointer.should_save(done))
-        return eval_due, must_read
-
-    def _signalled(self, done: int, must_read: bool) -> bool:
-        """Whether any process got SIGTERM / Ctrl-C, checked at ``signal_check_every`` steps,
-        boundaries and, with one process, every step."""
-        # The same steps on every process: agreeing is a collective.
-        if (must_read or jax.process_count() == 1
-                or done % max(self.args.signal_check_every, 1) == 0):
-            return self.signals.any_process()
-        return False
-
     def at_boundary(self, done: int, *, eval_due: bool, signalled: bool) -> None:
         """After step ``done``'s metrics are read: save, evaluate, stop for a signal."""
         self.maybe_checkpoint(done)
@@ -547,9 +492,9 @@ class Trainer:
         if signalled:
             self.stop_for_signal(done)
 
-    def finish(self) -> None:
-        """Save the last step and wait until the save is confirmed."""
-        self.maybe_checkpoint(self.args.num_train_steps, force=True)
+    def finish(self, step: int) -> None:
+        """Save ``step`` (the last, or the one a signal stops at) and wait until it is confirmed."""
+        self.maybe_checkpoint(step, force=True)
         self._saved(self.checkpointer.wait())
 
     # ---- metrics ------------------------------------------------------------------------------
@@ -560,7 +505,8 @@ class Trainer:
         values = _scalars(step_metrics)
         self._check_finite(done, values)
         self._saved(self.checkpointer.poll())
-        self.timer.count(done)
+        if done == self.start + 1:  # the run's first step includes compilation: time from its end
+            self.timed_from = (done, time.perf_counter())
         args = self.args
         if done % args.log_every == 0 or done in (self.start + 1, args.num_train_steps):
             self._log_train(done, values)
@@ -578,16 +524,15 @@ class Trainer:
             good = self.checkpointer.latest_step()
             raise NonFiniteLossError(
                 f"{msg}; stopping. Last good checkpoint: "
-                f"{'none' if good is None else f'step {good}'} in {self.checkpointer.directory}"
-            )
+                f"{'none' if good is None else f'step {good}'} in {self.checkpointer.directory}")
         self.writer.console(f"[t5x_like.train] {msg}; update skipped")
 
     def _log_train(self, done: int, values: dict[str, Any]) -> None:
         """Write step ``done``'s train metrics with throughput and tokens seen."""
         args = self.args
-        steps, seconds = self.timer.interval()
+        first, since = self.timed_from
         values.update(metrics.throughput(
-            steps=steps, seconds=seconds, batch_size=args.batch_size,
+            steps=done - first, seconds=time.perf_counter() - since, batch_size=args.batch_size,
             tokens_per_seq=self.tokens_per_seq, flops_per_step=self.flops_per_step,
             devices=self.mesh.devices.size, device_kind=self.mesh.devices.flat[0].device_kind))
         values["tokens_seen"] = float(done * args.batch_size * self.tokens_per_seq)
@@ -595,7 +540,7 @@ class Trainer:
         self.writer.write(done, "train", values)
         self.writer.progress(done, args.num_train_steps, values)
         self.last = {k: v for k, v in values.items() if v is not None}
-        self.timer.restart()
+        self.timed_from = (done, time.perf_counter())
 
     def evaluate(self, step: int) -> None:
         """Evaluate the current params on ``eval_steps`` batches; log the metrics at ``step``."""
@@ -634,8 +579,7 @@ class Trainer:
 
     def stop_for_signal(self, done: int) -> None:
         """Save step ``done``, wait for it, and raise Preempted."""
-        self.maybe_checkpoint(done, force=True)
-        self._saved(self.checkpointer.wait())
+        self.finish(done)
         why = self.signals.name or "signal to another process"
         self.writer.console(f"[t5x_like.train] {why}: saved step {done}; exiting")
         raise Preempted(done)
@@ -644,15 +588,13 @@ class Trainer:
 def eval_metrics(eval_fn: Any, params: Any, data: InputPipeline, num_batches: int
                  ) -> dict[str, float]:
     """Token-weighted loss, accuracy and perplexity over the first ``num_batches`` eval batches."""
-    totals: dict[str, float] = {}
+    totals: collections.Counter[str] = collections.Counter()
     for batch in data.fresh(num_batches):
-        for k, v in _scalars(eval_fn(params, batch)).items():
-            totals[k] = totals.get(k, 0.0) + v
+        totals.update(_scalars(eval_fn(params, batch)))
     tokens = max(totals.get("num_tokens", 0.0), 1.0)
-    out = {"loss": totals["loss_sum"] / tokens, "num_tokens": totals.get("num_tokens", 0.0)}
     ce = totals.get("cross_entropy_sum", totals["loss_sum"]) / tokens
-    out["cross_entropy"] = ce
-    out["perplexity"] = float(math.exp(min(ce, 700.0)))
+    out = {"loss": totals["loss_sum"] / tokens, "num_tokens": totals.get("num_tokens", 0.0),
+           "cross_entropy": ce, "perplexity": float(math.exp(min(ce, 700.0)))}
     if "accuracy_sum" in totals:
         out["accuracy"] = totals["accuracy_sum"] / tokens
     return out
