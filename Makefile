@@ -6,24 +6,33 @@ PY := $(VENV)/bin/python
 AOT_VENV ?= .venv-aot
 AOT_PY := $(AOT_VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# Installs go through uv (pinned; pip installs it into the venv first): the same resolution as pip,
+# about 3x faster (parallel downloads, no bytecode pass). It reads pip's find-links folder where
+# the machine has one (e.g. a CPU build of torch on disk).
+UV_VERSION := 0.13.9
+ifneq ($(PIP_FIND_LINKS),)
+export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+endif
+uv_install = $(1) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION) && \
+	$(1) -m uv pip install -q --python $(1)
 
 # The package itself is installed editable, so `python -m t5x_like.*` works from any directory.
 $(VENV)/.runtime-installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(call uv_install,$(PY)) -r requirements.txt
+	$(PY) -m uv pip install -q --python $(PY) --no-deps -e .
 	touch $@
 
 # Offline GPU/TPU compilers (python -m t5x_like.aot, the kernel compile check): their own venv,
 # so CUDA/TPU plugins never load in the training or test venv.
 $(AOT_VENV)/.aot-installed: requirements-aot.txt requirements.txt
 	test -x $(AOT_PY) || $(PYTHON) -m venv $(AOT_VENV)
-	$(AOT_PY) -m pip install -q --disable-pip-version-check -r requirements-aot.txt
-	$(AOT_PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(call uv_install,$(AOT_PY)) -r requirements-aot.txt
+	$(AOT_PY) -m uv pip install -q --python $(AOT_PY) --no-deps -e .
 	touch $@
 
 $(VENV)/.test-installed: requirements-test.txt $(VENV)/.runtime-installed
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt
+	$(call uv_install,$(PY)) -r requirements-test.txt
 	touch $@
 
 .PHONY: install install-test install-aot pretrain test lint check-kernels

@@ -82,5 +82,10 @@ if ! [[ $PROCESS_ID =~ ^[0-9]+$ && $NUM_PROCESSES =~ ^[0-9]+$ ]] || ((PROCESS_ID
   exit 2
 fi
 cd "$REPO"
-run "$PYTHON" -m t5x_like.train --coordinator_address="$COORDINATOR" \
-  --num_processes="$NUM_PROCESSES" --process_id="$PROCESS_ID" "${TRAIN_ARGS[@]}"
+train=("$PYTHON" -m t5x_like.train --coordinator_address="$COORDINATOR"
+  --num_processes="$NUM_PROCESSES" --process_id="$PROCESS_ID" "${TRAIN_ARGS[@]}")
+if [[ $DRY_RUN == 1 ]]; then
+  run "${train[@]}"
+else
+  exec "${train[@]}"  # the trainer gets this process's signals (a preemption's SIGTERM)
+fi
