@@ -7,8 +7,9 @@ AOT_VENV ?= .venv-aot
 AOT_PY := $(AOT_VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # Installs go through uv (pinned; pip installs it into the venv first): the same resolution as pip,
-# about 3x faster (parallel downloads, no bytecode pass). It reads pip's find-links folder where
-# the machine has one (e.g. a CPU build of torch on disk).
+# about 3x faster (parallel downloads, no bytecode pass: `make test` writes the .pyc files of what
+# the tests import). It reads pip's find-links folder where the machine has one (e.g. a CPU build of
+# torch on disk).
 UV_VERSION := 0.13.9
 ifneq ($(PIP_FIND_LINKS),)
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
@@ -51,10 +52,12 @@ lint: $(VENV)/.test-installed
 # One pytest worker per core (at most 4; TEST_WORKERS=0 runs in-process), each taking whole test
 # files so module/session fixtures (a trained tiny model, compiled steps) are built once per worker,
 # in collection order (costliest first: tests/conftest.py), not xdist's default most-tests-first.
+# PYTHONDONTWRITEBYTECODE is cleared (CI sets it): else each of the suite's hundreds of Python
+# subprocesses compiles jax, tensorflow and the package from source again (~3 s each).
 TEST_WORKERS ?= auto
 test: $(VENV)/.test-installed lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder \
-		$(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 \
+		--dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Compiles every flash-attention kernel for sm_80 and sm_90 with the real GPU compiler (no GPU):
 # fails when one stops compiling, spills registers or loses its pipelined loads.
