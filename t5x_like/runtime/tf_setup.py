@@ -8,6 +8,10 @@
   the GPUs) are dropped; anything else it writes to stderr meanwhile passes through;
 - C++ warnings are off (`TF_CPP_MIN_LOG_LEVEL=2` unless set): e.g. "did not fully read the
   dataset being cached", which every run that stops inside a cached epoch triggers, by design.
+- Keras, which TensorFlow and TF Text import eagerly but tf.data never uses, is not imported
+  (`DEFERRED`): with it came scikit-learn, scipy.stats and matplotlib, ~2.5 s of every
+  process's start-up (each CLI, each sweep cell, each test subprocess). A later `import keras`
+  or `tf.keras` still gets the real Keras.
 
 `no_autograph()` builds input pipelines with their functions traced as written.
 """
@@ -65,32 +69,66 @@ def no_autograph() -> Iterator[None]:
         yield
 
 
-class _QuietLoader(importlib.abc.Loader):
-    """Runs TensorFlow's own loader with its noise dropped, then hides the GPUs from it."""
+#: Per package: the Keras modules its ``__init__`` imports (TensorFlow: to register Keras'
+#: optimizers for SavedModel; TF Text: its Keras layers), which stand deferred while it loads.
+DEFERRED = {"tensorflow": ("keras.src.optimizers",),
+            "tensorflow_text": ("tensorflow_text.python.keras",)}
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
+
+class _Deferred(ModuleType):
+    """Stands in ``sys.modules`` for a module while a package's ``__init__`` imports it; once
+    the package is loaded it is taken out again, and its first attribute read imports the real
+    module (``tensorflow_text.keras.layers`` still works)."""
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+@contextlib.contextmanager
+def _deferred(names: tuple[str, ...]) -> Iterator[None]:
+    placed = [n for n in names if n not in sys.modules]
+    for name in placed:
+        sys.modules[name] = _Deferred(name)
+    try:
+        yield
+    finally:
+        for name in placed:
+            if isinstance(sys.modules.get(name), _Deferred):
+                del sys.modules[name]
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs the package's own loader with TensorFlow's noise dropped and Keras deferred, then
+    (TensorFlow) hides the GPUs from it."""
+
+    def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
+        self._loader, self._name = loader, name
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TensorFlowFinder)]
-        with drop_stderr_lines(NOISE):
+        with drop_stderr_lines(NOISE), _deferred(DEFERRED[self._name]):
             self._loader.exec_module(module)
-            module.config.set_visible_devices([], "GPU")
+            if self._name == "tensorflow":
+                module.config.set_visible_devices([], "GPU")
+        if all(n in sys.modules for n in DEFERRED):
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TensorFlowFinder)]
 
 
 class _TensorFlowFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of the top-level ``tensorflow`` package until it is executed (a mere
-    ``find_spec('tensorflow')``, e.g. a library checking what is installed, leaves it in place)."""
+    """Wraps the loaders of the top-level ``tensorflow`` and ``tensorflow_text`` packages (a
+    mere ``find_spec('tensorflow')``, e.g. a library checking what is installed, leaves them in
+    place), until both are loaded."""
 
     def __init__(self) -> None:
         self._finding = False
 
     def find_spec(self, name: str, path: object, target: object = None
                   ) -> importlib.machinery.ModuleSpec | None:
-        if name != "tensorflow" or self._finding:
+        if name not in DEFERRED or self._finding:
             return None
         self._finding = True
         try:
@@ -98,14 +136,15 @@ class _TensorFlowFinder(importlib.abc.MetaPathFinder):
         finally:
             self._finding = False
         if spec is not None and spec.loader is not None:
-            spec.loader = _QuietLoader(spec.loader)
+            spec.loader = _QuietLoader(spec.loader, name)
         return spec
 
 
 def install() -> None:
-    """Apply the settings above to the first ``import tensorflow`` of this process."""
+    """Apply the settings above to this process's first ``import tensorflow`` (and
+    ``tensorflow_text``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "tensorflow" in sys.modules or any(isinstance(f, _TensorFlowFinder)
-                                          for f in sys.meta_path):
+    if all(n in sys.modules for n in DEFERRED) or any(isinstance(f, _TensorFlowFinder)
+                                                      for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _TensorFlowFinder())

@@ -1,8 +1,9 @@
 """Real sweep cells at the micro scale (train + evaluate subprocesses): a sweep end to end and
-its resume; same seed, same numbers (a cell run beside another on the same cores from a cold
-compilation cache vs. run alone from a warm one, killed with -9 and resumed); and
-`scripts/bench_noise_floor.py` on the same cells. These are the suite's most expensive tests, so
-they live in one module and share one sweep (`swept`): everything after it reuses its cells."""
+its resume; the full-span LM row's cells; same seed, same numbers (a cell run beside another on
+the same cores from a cold compilation cache vs. run alone from a warm one, killed with -9 and
+resumed); and the noise-floor and fine-tune-length benches on the same cells. These are the
+suite's most expensive tests, so they live in one module and share one sweep (`swept`):
+everything after it reuses its cells."""
 
 import json
 import os
@@ -15,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from t5x_like.runtime import host
-from t5x_like.sweep import runner
+from t5x_like.sweep import costs, grid, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 T2 = "gin/sweeps/t5_table2_architectures.gin"
 ROWS = ("Encoder-decoder | Denoising", "Language model | LM")  # enc-dec; decoder-only, full LM
 MICRO = ROOT / "gin" / "sweeps" / "scales" / "micro.gin"
-STEPS = 20
+STEPS, BATCH, LOG_EVERY = 20, 8, 5  # pre-training steps, micro's batch
 
 
 def _sweep(sweep_dir: Path, scale: Path, rows: str, *, seeds: int = 1, parallel: int = 1,
@@ -49,7 +50,7 @@ def swept(tmp_path_factory) -> tuple[Path, Path, str]:
     scale = root / "micro_ckpt.gin"
     scale.write_text(f"include '{MICRO}'\n"
                      f"train.num_train_steps = {STEPS}\ntrain.checkpoint_every = 10\n"
-                     "train.keep_checkpoints = 2\ntrain.log_every = 5\n"
+                     f"train.keep_checkpoints = 2\ntrain.log_every = {LOG_EVERY}\n"
                      "sweep_scale.name = 'micro_ckpt'\n")
     log = _sweep(root / "sweep", scale, ",".join(ROWS), seeds=2, parallel=2,
                  out=root / "bench" / "t5_tables_micro", archive=root / "archive.jsonl.gz")
@@ -108,6 +109,30 @@ def test_sweep_end_to_end_and_a_rerun_from_its_archive_skips_finished_cells(swep
     assert ": pre-training" not in log
     again = json.loads((fresh / "t5_tables_micro_ckpt.json").read_text())["tables"]["table2"]
     assert again == table
+
+
+def test_the_full_span_lm_cell_is_decoder_only_with_the_loss_on_every_token(swept):
+    """Table 2's "Language model | LM" row: a decoder-only model trained on the whole span of
+    a prefix-LM example, as the paper's LM row, with the prefix LM's parameters and FLOPs."""
+    _, sweep_dir, _ = swept
+    paths = sorted(sweep_dir.glob("cells/*__full_lm__*"))
+    assert len(paths) == 2  # two seeds
+    for path in paths:
+        results = json.loads((path / runner.RESULTS).read_text())
+        assert results["control"] is False and results["rows"] == [["table2", ROWS[1]]]
+        config = (path / "pretrain" / "config.gin").read_text()
+        assert "TransformerConfig.family = 'decoder_only'" in config
+        assert "MIXTURE_OR_TASK_NAME = 'c4like_full_lm'" in config
+        assert results["sequence_length"] == {"targets": 2 * 16}  # a prefix-LM example's span
+        train = [r for r in runner.read_metrics(str(path / "pretrain")) if r["split"] == "train"]
+        assert [r["step"] for r in train] == [1, *range(LOG_EVERY, STEPS + 1, LOG_EVERY)]
+        assert all(r["num_tokens"] == BATCH * 2 * 16 for r in train)  # packed: all scored
+    # P and M: the prefix LM's parameters and FLOPs per sequence
+    prefix = grid.expand([grid.load_sweep(T2)], grid.load_scale("micro"),
+                         rows=["Prefix LM | LM"])[0]
+    measured = costs.measure(prefix.gin_files, prefix.bindings, prefix.sequence_length)
+    assert results["parameters"] == measured["parameters"]
+    assert results["flops_per_sequence"] == measured["flops_per_sequence"]
 
 
 def test_same_numbers_alone_from_a_warm_cache_after_kill_9_and_resume(swept, tmp_path):
@@ -238,15 +263,17 @@ def test_finetune_steps_bench_reevaluates_longer_and_reuses(swept, tmp_path):
 
 def test_finetune_steps_bench_adds_a_task_the_scale_left_out(swept, tmp_path):
     """At the scale's own length, a suite task the sweep did not evaluate (word order) is
-    fine-tuned anew from the same checkpoints; a task outside the suite is refused."""
+    fine-tuned anew from the same checkpoint (one cell's); a task outside the suite is
+    refused."""
     _, sweep_dir, _ = swept
     out = tmp_path / "wo"
     argv = [sys.executable, str(ROOT / "scripts" / "bench_finetune_steps.py"),
-            f"--sweep_dir={sweep_dir}", "--steps=4", "--cells=*__s0__*", f"--out={out}"]
+            f"--sweep_dir={sweep_dir}", "--steps=4", "--cells=*__full_lm__s0__*", f"--out={out}"]
     proc = subprocess.run([*argv, "--tasks=downstream_word_order"], capture_output=True,
                           text=True, timeout=600, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
+    assert len(data["cells"]) == 1
     for cell_id, cell in data["cells"].items():
         assert cell["4"]["dir"] == "eval_steps4_word_order"
         results = json.loads((sweep_dir / "cells" / cell_id / "eval_steps4_word_order"

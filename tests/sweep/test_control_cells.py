@@ -1,8 +1,6 @@
-"""Table 2's new rows through the runner, end to end (train or initialise, evaluate, archive,
-report) at a trimmed micro scale: the no-pre-training control (a fresh initialisation of the
-baseline, fine-tuned; one cell serving Tables 2 and 3) and the decoder-only language model
-trained on the whole span (full-span LM). One sweep of the two cells, two at a time, shared by
-the tests (test_cells.py runs the longer sweeps)."""
+"""The no-pre-training control through the runner, end to end (initialise, evaluate, archive,
+report) at a trimmed micro scale: a fresh initialisation of the baseline, fine-tuned; one cell
+serving Tables 2 and 3. (test_cells.py runs the trained cells, the full-span LM row among them.)"""
 
 import json
 import os
@@ -19,33 +17,30 @@ import pytest
 from t5x_like.convert.cli import read_tree
 from t5x_like.data import downstream
 from t5x_like.models import TransformerConfig, make_model
-from t5x_like.sweep import costs, grid, paper, runner
+from t5x_like.sweep import grid, paper, runner
 from t5x_like.train import partitioning, train_state
 from t5x_like.train.optimizers import create_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = "gin/sweeps/t5_table2_architectures.gin,gin/sweeps/t5_table3_objectives.gin"
 MICRO = ROOT / "gin" / "sweeps" / "scales" / "micro.gin"
-ROWS = (paper.NO_PRETRAINING, "Language model | LM")
-STEPS, BATCH = 2, 8  # pre-training steps (micro's batch)
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> Path:
-    """The sweep dir: micro with 2 pre-training and 2 fine-tuning steps, both rows, archived."""
+    """The sweep dir: the control cell at micro with 2 fine-tuning steps, archived."""
     root = tmp_path_factory.mktemp("controls")
     scale = root / "micro_fast.gin"
-    scale.write_text(f"include '{MICRO}'\ntrain.num_train_steps = {STEPS}\n"
-                     f"train.checkpoint_every = {STEPS}\ntrain.log_every = 1\n"
-                     "sweep_scale.name = 'micro_fast'\nsweep_scale.evaluate_flags = "
-                     "['--tasks=downstream_spam', '--finetune_steps=2']\n")
+    scale.write_text(f"include '{MICRO}'\nsweep_scale.name = 'micro_fast'\n"
+                     "sweep_scale.evaluate_flags = ['--tasks=downstream_spam', "
+                     "'--finetune_steps=2']\n")
     argv = [sys.executable, "-m", "t5x_like.sweep", f"--sweep={SWEEPS}", f"--scale={scale}",
-            f"--rows={','.join(ROWS)}", "--parallel=2", f"--sweep_dir={root / 'sweep'}",
+            f"--rows={paper.NO_PRETRAINING}", f"--sweep_dir={root / 'sweep'}",
             f"--archive={root / 'archive.jsonl.gz'}"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[sweep] 2 cells (table2, table3" in proc.stdout
+    assert "[sweep] 1 cells (table2, table3" in proc.stdout
     return root / "sweep"
 
 
@@ -90,26 +85,6 @@ def test_the_control_cell_fine_tunes_a_fresh_initialisation(swept):
     before = (model_dir / "config.gin").stat().st_mtime_ns
     assert runner.init_model(str(path)) == str(model_dir)  # done: not written again
     assert (model_dir / "config.gin").stat().st_mtime_ns == before
-
-
-def test_the_full_span_lm_cell_is_decoder_only_with_the_loss_on_every_token(swept):
-    path, results = _cell(swept, "full_lm")
-    assert results["control"] is False and results["rows"] == [["table2", ROWS[1]]]
-    config = (path / "pretrain" / "config.gin").read_text()
-    assert "TransformerConfig.family = 'decoder_only'" in config
-    assert "MIXTURE_OR_TASK_NAME = 'c4like_full_lm'" in config
-    length = results["sequence_length"]["targets"]
-    assert results["sequence_length"] == {"targets": 2 * 16}  # a prefix-LM example's span
-    train = [r for r in runner.read_metrics(str(path / "pretrain")) if r["split"] == "train"]
-    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
-    assert all(r["num_tokens"] == BATCH * length for r in train)  # packed: every token scored
-    assert results["pretrain"]["final_step"] == STEPS and 0 <= results["suite_average"] <= 100
-    # P and M: the prefix LM's parameters and FLOPs per sequence
-    prefix = grid.expand([grid.load_sweep(SWEEPS.split(",")[0])], grid.load_scale("micro"),
-                         rows=["Prefix LM | LM"])[0]
-    measured = costs.measure(prefix.gin_files, prefix.bindings, prefix.sequence_length)
-    assert results["parameters"] == measured["parameters"]
-    assert results["flops_per_sequence"] == measured["flops_per_sequence"]
 
 
 def test_both_are_archived_and_reported_the_control_marked(swept):
