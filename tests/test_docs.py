@@ -289,7 +289,8 @@ def _help(target: str) -> str:
     if done.returncode != 0:
         return f"<`{target} --help` failed: {done.stderr[-500:]}>"
     text = done.stdout
-    for sub in re.findall(r"\{([\w,]+)\}", text.split("\n\n")[0]):  # argparse sub-commands
+    usage = re.sub(r"-[\w-]+\s+\{[\w,]+\}", "", text.split("\n\n")[0])  # not an option's choices
+    for sub in re.findall(r"\{([\w,]+)\}", usage):  # argparse sub-commands
         for name in sub.split(","):
             text += subprocess.run([*cmd, name, "--help"], capture_output=True, text=True,
                                    cwd=REPO, env=env, timeout=300).stdout
