@@ -31,12 +31,12 @@ from t5x_like.models.config import REMAT_POLICIES
 _TRACE_BATCH = 2
 
 
-@functools.lru_cache(maxsize=256)
-def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
-               packed: bool, fused: str = "", gathered: bool = False) -> tuple[Any, ...]:
-    """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (inputs and scalars
-    excluded); ``fused``: what is left after elementwise fusion under that plan
-    (``_FUSION_PLANS``); ``gathered``: the weights reach the step through an FSDP all-gather."""
+@functools.lru_cache(maxsize=128)
+def _saved_jaxpr(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
+                 packed: bool) -> tuple[Any, list[Any], int]:
+    """(jaxpr, its residual vars, number of parameter leaves) of ``jax.vjp`` of the loss: what
+    the vjp keeps for the backward pass (inputs and scalars excluded), traced once and shared
+    by every fusion plan."""
     model = make_model(config)
     lengths = dict(sequence_length)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in
@@ -52,8 +52,18 @@ def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int]
     inputs = {id(v) for v in jaxpr.invars}
     out = list({id(v): v for v in jaxpr.outvars  # once each, in order
                 if hasattr(v, "aval") and id(v) not in inputs and v.aval.shape}.values())
+    return jaxpr, out, len(jax.tree.leaves(params))
+
+
+@functools.lru_cache(maxsize=256)
+def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
+               packed: bool, fused: str = "", gathered: bool = False) -> tuple[Any, ...]:
+    """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (`_saved_jaxpr`);
+    ``fused``: what is left after elementwise fusion under that plan (``_FUSION_PLANS``);
+    ``gathered``: the weights reach the step through an FSDP all-gather."""
+    jaxpr, out, num_params = _saved_jaxpr(config, sequence_length, packed)
     if fused:
-        weights = jaxpr.invars[: len(jax.tree.leaves(params))] if gathered else ()
+        weights = jaxpr.invars[:num_params] if gathered else ()
         out = _FUSION_PLANS[fused](jaxpr, out, {id(w) for w in weights})
     return tuple(v.aval for v in out)
 
@@ -149,7 +159,8 @@ def _fusion_roots_shared(jaxpr: Any, residuals: Sequence[Any],
     need = {k: {k: by_id[k]} if rs is None else rs for k, rs in walked.items()}
     kept = {k for k, rs in need.items() if rs.keys() == {k}}
     count = collections.Counter(r for k, rs in need.items() if k not in kept for r in rs)
-    for k in sorted(set(need) - kept, key=lambda k: -_nbytes(by_id[k].aval)):
+    # largest first; ties in program order (`need` keeps the residuals' order), not id order
+    for k in sorted((k for k in need if k not in kept), key=lambda k: -_nbytes(by_id[k].aval)):
         own = sum(_nbytes(r.aval) for rk, r in need[k].items()
                   if count[rk] == 1 and rk not in kept)
         if own > _nbytes(by_id[k].aval):
