@@ -115,6 +115,9 @@ def test_the_full_span_lm_cell_is_decoder_only_with_the_loss_on_every_token(swep
     """Table 2's "Language model | LM" row: a decoder-only model trained on the whole span of
     a prefix-LM example, as the paper's LM row, with the prefix LM's parameters and FLOPs."""
     _, sweep_dir, _ = swept
+    prefix = grid.expand([grid.load_sweep(T2)], grid.load_scale("micro"),
+                         rows=["Prefix LM | LM"])[0]
+    measured = costs.measure(prefix.gin_files, prefix.bindings, prefix.sequence_length)
     paths = sorted(sweep_dir.glob("cells/*__full_lm__*"))
     assert len(paths) == 2  # two seeds
     for path in paths:
@@ -127,12 +130,9 @@ def test_the_full_span_lm_cell_is_decoder_only_with_the_loss_on_every_token(swep
         train = [r for r in runner.read_metrics(str(path / "pretrain")) if r["split"] == "train"]
         assert [r["step"] for r in train] == [1, *range(LOG_EVERY, STEPS + 1, LOG_EVERY)]
         assert all(r["num_tokens"] == BATCH * 2 * 16 for r in train)  # packed: all scored
-    # P and M: the prefix LM's parameters and FLOPs per sequence
-    prefix = grid.expand([grid.load_sweep(T2)], grid.load_scale("micro"),
-                         rows=["Prefix LM | LM"])[0]
-    measured = costs.measure(prefix.gin_files, prefix.bindings, prefix.sequence_length)
-    assert results["parameters"] == measured["parameters"]
-    assert results["flops_per_sequence"] == measured["flops_per_sequence"]
+        # P and M: the prefix LM's parameters and FLOPs per sequence
+        assert results["parameters"] == measured["parameters"]
+        assert results["flops_per_sequence"] == measured["flops_per_sequence"]
 
 
 def test_same_numbers_alone_from_a_warm_cache_after_kill_9_and_resume(swept, tmp_path):
