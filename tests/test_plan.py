@@ -14,6 +14,7 @@ from t5x_like.models import TransformerConfig, make_model
 from t5x_like.plan import activations
 from t5x_like.train import partitioning, train_state, train_step
 from t5x_like.train.optimizers import create_optimizer
+from tests.conftest import FAST_COMPILE
 from tests.train.conftest import REPO
 
 LENGTHS = {"inputs": 64, "targets": 16}
@@ -319,6 +320,7 @@ def test_cli_in_a_venv_with_gpu_plugins_never_initialises_them() -> None:
     if not aot_python.exists():
         pytest.skip("no .venv-aot here (make install-aot; CI builds it for check-kernels)")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    env["XLA_FLAGS"] = FAST_COMPILE
     proc = subprocess.run(
         [str(aot_python), "-m", "t5x_like.plan", "--gin_file=gin/models/t5_1_1_small.gin",
          "--gin_file=gin/runs/pretrain.gin", "--num_devices=1", "--device_memory_gb=80"],

@@ -11,7 +11,8 @@
 - Keras, which TensorFlow and TF Text import eagerly but tf.data never uses, is not imported
   (`DEFERRED`): with it came scikit-learn, scipy.stats and matplotlib, ~2.5 s of every
   process's start-up (each CLI, each sweep cell, each test subprocess). A later `import keras`
-  or `tf.keras` still gets the real Keras.
+  or `tf.keras` still gets the real Keras. Likewise PyGlove, which SeqIO imports for one
+  mixture class t5x_like never builds (~0.5 s).
 
 `no_autograph()` builds input pipelines with their functions traced as written.
 """
@@ -69,10 +70,12 @@ def no_autograph() -> Iterator[None]:
         yield
 
 
-#: Per package: the Keras modules its ``__init__`` imports (TensorFlow: to register Keras'
-#: optimizers for SavedModel; TF Text: its Keras layers), which stand deferred while it loads.
+#: Per package: the modules its ``__init__`` imports that tf.data never uses, which stand
+#: deferred while it loads (TensorFlow: Keras' optimizers, to register them for SavedModel;
+#: TF Text: its Keras layers; SeqIO: PyGlove, for `PyGloveTunableMixture` alone).
 DEFERRED = {"tensorflow": ("keras.src.optimizers",),
-            "tensorflow_text": ("tensorflow_text.python.keras",)}
+            "tensorflow_text": ("tensorflow_text.python.keras",),
+            "seqio": ("pyglove",)}
 
 
 class _Deferred(ModuleType):
@@ -83,6 +86,8 @@ class _Deferred(ModuleType):
     def __getattr__(self, name: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
+        if sys.modules.get(self.__name__) is self:  # read while the package is still loading
+            del sys.modules[self.__name__]
         return getattr(importlib.import_module(self.__name__), name)
 
 
@@ -100,8 +105,8 @@ def _deferred(names: tuple[str, ...]) -> Iterator[None]:
 
 
 class _QuietLoader(importlib.abc.Loader):
-    """Runs the package's own loader with TensorFlow's noise dropped and Keras deferred, then
-    (TensorFlow) hides the GPUs from it."""
+    """Runs the package's own loader with TensorFlow's noise dropped and its `DEFERRED`
+    modules deferred, then (TensorFlow) hides the GPUs from it."""
 
     def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
         self._loader, self._name = loader, name
@@ -119,9 +124,9 @@ class _QuietLoader(importlib.abc.Loader):
 
 
 class _TensorFlowFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loaders of the top-level ``tensorflow`` and ``tensorflow_text`` packages (a
-    mere ``find_spec('tensorflow')``, e.g. a library checking what is installed, leaves them in
-    place), until both are loaded."""
+    """Wraps the loaders of the top-level packages in `DEFERRED` (a mere
+    ``find_spec('tensorflow')``, e.g. a library checking what is installed, leaves them in
+    place), until all are loaded."""
 
     def __init__(self) -> None:
         self._finding = False
@@ -142,7 +147,7 @@ class _TensorFlowFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Apply the settings above to this process's first ``import tensorflow`` (and
-    ``tensorflow_text``)."""
+    ``tensorflow_text``, ``seqio``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if all(n in sys.modules for n in DEFERRED) or any(isinstance(f, _TensorFlowFinder)
                                                       for f in sys.meta_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from t5x_like.aot.step import format_report
+from tests.conftest import FAST_COMPILE
 
 REPO = Path(__file__).resolve().parents[2]
 #: quickstart.gin shrunk so a compile takes seconds: 1+1 layers, short sequences.
@@ -25,6 +26,7 @@ TINY = ("--gin_file=gin/runs/quickstart.gin", "--gin_file=gin/sharding/fsdp.gin"
 
 def run_aot(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["XLA_FLAGS"] = FAST_COMPILE  # the CLI adds the host devices a cpu:N target needs
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "t5x_like.aot", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)

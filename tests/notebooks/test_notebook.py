@@ -16,6 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tests.conftest import FAST_COMPILE
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO_ROOT / "notebooks"
 NOTEBOOK = NOTEBOOKS / "explore_pretraining_objectives.ipynb"
@@ -79,7 +81,7 @@ def test_notebook_executes(tmp_path, monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     # Non-GUI like Agg, but figures become image outputs (Agg would show nothing).
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, not the suite's 8 fake ones
+    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # one CPU device, not the suite's 8 fake ones
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,

@@ -48,19 +48,21 @@ def test_importing_tensorflow_through_t5x_like_prints_nothing() -> None:
     assert out.stderr.decode() == "after\n"  # what is written outside the import still shows
 
 
-def test_keras_is_not_imported_with_tensorflow_but_still_works_after() -> None:
+def test_keras_and_pyglove_are_not_imported_with_tensorflow_but_still_work_after() -> None:
     """TensorFlow and TF Text import Keras (and with it scikit-learn, scipy.stats, matplotlib)
-    at import; through t5x_like they do not, and a later use of Keras gets the real one."""
+    at import, SeqIO PyGlove; through t5x_like they do not, and a later use of either gets the
+    real module."""
     code = ("import sys, t5x_like, seqio, tensorflow as tf, tensorflow_text as tft\n"
-            "heavy = ('keras', 'sklearn', 'matplotlib', 'scipy.stats')\n"
+            "heavy = ('keras', 'sklearn', 'matplotlib', 'scipy.stats', 'pyglove')\n"
             "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(heavy)}))\n"
             "print(tft.keras.layers.ToDense.__module__, tf.keras.optimizers.Adam.__module__)\n"
-            "import keras.src.optimizers as o; print(o.SGD.__name__, type(o).__name__)\n")
+            "import keras.src.optimizers as o; print(o.SGD.__name__, type(o).__name__)\n"
+            "print(seqio.dataset_providers.pg.hyper.HyperPrimitive.__module__)\n")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out == ["[]", "tensorflow_text.python.keras.layers.todense keras.src.optimizers.adam",
-                   "SGD module"]
+                   "SGD module", "pyglove.core.hyper.base"]
 
 
 def test_no_autograph_traces_dataset_functions_as_written() -> None:

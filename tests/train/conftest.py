@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FAST_COMPILE
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: A tiny encoder-decoder (real t5x_like.models code), fp32 for exact compares.
@@ -48,7 +50,7 @@ def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 def subprocess_env(devices: int, compile_cache: str | None = None) -> dict[str, str]:
     """Environment for a training subprocess with ``devices`` fake CPU devices."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # t5x_like's own default (t5x_like/runtime/tf_setup.py)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
