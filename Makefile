@@ -59,7 +59,11 @@ test: $(VENV)/.test-installed lint
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 \
 		--dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# Compiles every flash-attention kernel for sm_80 and sm_90 with the real GPU compiler (no GPU):
-# fails when one stops compiling, spills registers or loses its pipelined loads.
+# Compiles every flash-attention kernel variant for sm_80, sm_86, sm_89 and sm_90 with the real
+# GPU compiler (no GPU): fails when one stops compiling, spills registers or loses its pipelined
+# loads. Then the TPU kernels with libtpu for v4, v5e, v5p and v6e (fwd and fwd+bwd; plain, T5
+# table, segments; default blocks): fails when one stops compiling.
 check-kernels: $(AOT_VENV)/.aot-installed
 	JAX_PLATFORMS=cpu $(AOT_PY) scripts/check_gpu_kernels.py
+	JAX_PLATFORMS=cpu $(AOT_PY) scripts/compile_tpu_kernels.py --head-dims=128 \
+		--variants=causal,causal_rel,segments

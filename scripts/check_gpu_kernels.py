@@ -2,9 +2,11 @@
 """CI check: the GPU flash-attention kernels compile, do not spill, fit and stay pipelined.
 
 Compiles (deviceless, no GPU needed) the forward, dK/dV and dQ Triton kernels at the DEFAULT
-blocks of `flash_attention.GPU_BLOCKS` for each arch x head_dim x variant, prints a table and
-exits 1 naming every kernel that failed to compile, spills registers, exceeds the arch's shared
-memory, or has no cp.async / TMA loads (its k loop is not software-pipelined).
+blocks of `flash_attention.GPU_BLOCKS` for each arch x head_dim x variant (by default every GPU
+generation in the table and every feature combination the public API reaches,
+`t5x_like.aot.gpu.FLASH_VARIANTS`), prints a table and exits 1 naming every kernel that failed to
+compile, spills registers, exceeds the arch's shared memory, or has no cp.async / TMA loads (its
+k loop is not software-pipelined).
 
     JAX_PLATFORMS=cpu /tmp/aotvenv/bin/python scripts/check_gpu_kernels.py
 """
@@ -12,48 +14,69 @@ memory, or has no cp.async / TMA loads (its k loop is not software-pipelined).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
+import multiprocessing
 import sys
 import time
 
-VARIANTS = ("causal_rel", "rel", "causal", "packed_prefix_rel")
+
+def check(arch: str, head_dim: int, variants: list[str], seq_len: int,
+          t0: float) -> tuple[list[tuple], list[str]]:
+    """Compile each variant for one (arch, head_dim): (table rows, failure lines)."""
+    from t5x_like.aot import gpu
+    from t5x_like.kernels import flash
+
+    target = gpu.gpu_target(arch)
+    devices = gpu.target_devices(arch)
+    rows, failures = [], []
+    for variant in variants:
+        fn, fargs = gpu.flash_grad_fn(variant, head_dim, devices, seq_len=seq_len)
+        where = f"{arch} d={head_dim} {variant}"
+        try:
+            with flash.compile_target("gpu", arch):
+                report = gpu.kernel_report(fn, *fargs, target=arch,
+                                           kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
+        except Exception as e:  # noqa: BLE001 - any compile error fails the check
+            failures.append(f"{where}: compile failed: {type(e).__name__}: {e}"[:400])
+            continue
+        for name in gpu.FLASH_KERNELS:
+            k = report.get(name, {})
+            bad = gpu.kernel_problems(k, target.smem_per_block_optin)
+            if bad:
+                failures.append(f"{where} {name}: " + "; ".join(bad))
+            rows.append((arch, head_dim, variant, name.removeprefix("t5x_like_flash_"), k,
+                         "FAIL" if bad else "ok"))
+        print(f"[{time.time() - t0:5.0f}s] {where}", flush=True)
+    return rows, failures
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--archs", default="sm_80,sm_90")
+    p.add_argument("--archs", default="sm_80,sm_86,sm_89,sm_90")
     p.add_argument("--head-dims", default="64,128")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default="all", help="comma-separated, or 'all'")
     p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--jobs", type=int, default=2, help="compiling processes")
     args = p.parse_args()
 
     from t5x_like.aot import gpu
 
     gpu.require_gpu_compiler()
-    from t5x_like.kernels import flash
-    rows, failures = [], []
     t0 = time.time()
-    for arch in args.archs.split(","):
-        target = gpu.gpu_target(arch)
-        devices = gpu.target_devices(arch)
-        for d in (int(x) for x in args.head_dims.split(",")):
-            for variant in args.variants.split(","):
-                fn, fargs = gpu.flash_grad_fn(variant, d, devices, seq_len=args.seq_len)
-                where = f"{arch} d={d} {variant}"
-                try:
-                    with flash.compile_target("gpu", arch):
-                        report = gpu.kernel_report(fn, *fargs, target=arch,
-                                                   kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
-                except Exception as e:  # noqa: BLE001 - any compile error fails the check
-                    failures.append(f"{where}: compile failed: {type(e).__name__}: {e}"[:400])
-                    continue
-                for name in gpu.FLASH_KERNELS:
-                    k = report.get(name, {})
-                    bad = gpu.kernel_problems(k, target.smem_per_block_optin)
-                    if bad:
-                        failures.append(f"{where} {name}: " + "; ".join(bad))
-                    rows.append((arch, d, variant, name.removeprefix("t5x_like_flash_"), k,
-                                 "FAIL" if bad else "ok"))
-                print(f"[{time.time() - t0:5.0f}s] {where}", flush=True)
+    variants = list(gpu.FLASH_VARIANTS) if args.variants == "all" else args.variants.split(",")
+    unknown = sorted(set(variants) - set(gpu.FLASH_VARIANTS))
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: {sorted(gpu.FLASH_VARIANTS)}")
+    archs, dims = zip(*[(arch, int(d)) for arch in args.archs.split(",")
+                        for d in args.head_dims.split(",")], strict=True)
+    run = functools.partial(check, variants=variants, seq_len=args.seq_len, t0=t0)
+    # Fresh interpreters (not forks of this one, which has imported jax).
+    with concurrent.futures.ProcessPoolExecutor(
+            args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(run, archs, dims))
+    rows = [r for rs, _ in done for r in rs]
+    failures = [f for _, fs in done for f in fs]
     print("\n| arch | D | variant | kernel | regs | spill st/ld B | smem B | blocks/SM (limit) | "
           "MMA | cp.async+TMA | status |")
     print("|---" * 11 + "|")

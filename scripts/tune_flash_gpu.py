@@ -2,14 +2,16 @@
 """Offline search of the GPU flash-attention block sizes, from real deviceless compiles.
 
 For each (arch, head_dim) this compiles the forward + both backward Triton kernels for every
-candidate pair (forward blocks, backward blocks) and each variant (with / without the T5 table),
+candidate pair (forward blocks, backward blocks) and each variant (no bias, the T5 table, a dense
+bias; `scripts/check_gpu_kernels.py` then checks the picks on every public variant),
 reads registers, spills, shared memory, blocks per SM and cp.async/TMA counts
 (`t5x_like.aot.gpu.kernel_report`), and picks per (arch, head_dim, kernel) by RULE below. It
 writes every candidate's numbers and the picks to `benchmarks/flash_gpu_blocks.json` + `.md`;
 `t5x_like/kernels/flash.py:GPU_BLOCKS` must equal the picks (a test checks).
 
-Each compile runs in its own process (~3-15 s) and is cached as one JSON file per candidate
-under --cache-dir, so an interrupted run resumes where it stopped. Run in the aot venv:
+Each candidate compiles in its own process (its variants one after another, ~10-30 s) and is
+cached as one JSON file per candidate and variant under --cache-dir, so an interrupted run
+resumes where it stopped. Run in the aot venv:
 
     JAX_PLATFORMS=cpu /tmp/aotvenv/bin/python scripts/tune_flash_gpu.py [--archs sm_80,sm_90]
 """
@@ -33,16 +35,19 @@ from t5x_like.aot import gpu  # noqa: E402
 # sm_89 (L4, L40S) shares sm_86's table: same 99 KB shared-memory opt-in, same mma.sync code.
 ARCHS = ("sm_90", "sm_80", "sm_86")
 HEAD_DIMS = (64, 128)
-VARIANTS = ("causal_rel", "packed_prefix_rel", "causal")  # with / without the T5 table
+# The T5 table, a dense bias (each with every mask) and no bias: the most registers and shared
+# memory each kind of kernel needs.
+VARIANTS = ("causal_rel", "packed_prefix_rel", "packed_prefix_dense", "causal")
 # (block_q, block_k, num_warps, num_stages): forward and backward candidates, compiled in pairs
 # (candidate i of each list in the same compile) so each compile measures one of each.
 FWD_CANDIDATES = (
     (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 128, 4, 2),
-    (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 3), (64, 32, 4, 2),
+    (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 4, 3), (64, 32, 4, 2), (64, 32, 8, 2),
 )
 BWD_CANDIDATES = (
     (128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 8, 2), (64, 64, 4, 2),
     (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1),
+    (64, 32, 8, 2),  # 8 warps: fewer registers per thread (sm_86 / sm_89 at head_dim 128)
 )
 KERNELS = {"fwd": ("t5x_like_flash_fwd",),
            "bwd": ("t5x_like_flash_bwd_dkdv", "t5x_like_flash_bwd_dq")}
@@ -67,49 +72,66 @@ def _kernel_src_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def worker(arch: str, head_dim: int, variant: str, fwd: tuple, bwd: tuple) -> dict:
-    """Compile one candidate in this process; returns {kernel: report}."""
-
+def worker(arch: str, head_dim: int, variants: list[str], fwd: tuple, bwd: tuple) -> None:
+    """Compile one candidate for each variant in this process; prints one REPORT line (the
+    kernels' reports) or ERROR line (the compiler's last error line) per variant."""
     from t5x_like.kernels import flash
     # This process only: make the table answer the candidate's blocks for this arch.
     flash.GPU_BLOCKS[arch] = {head_dim: {"fwd": fwd, "bwd": bwd}}
     devices = gpu.target_devices(arch)
-    fn, args = gpu.flash_grad_fn(variant, head_dim, devices)
-    with flash.compile_target("gpu", arch):
-        return gpu.kernel_report(fn, *args, target=arch,
-                                 kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
+    for variant in variants:
+        t0 = time.time()
+        fn, args = gpu.flash_grad_fn(variant, head_dim, devices)
+        try:
+            with flash.compile_target("gpu", arch):
+                report = gpu.kernel_report(fn, *args, target=arch,
+                                           kernel_filter=lambda n: n in gpu.FLASH_KERNELS)
+            line = "REPORT " + json.dumps(report)
+        except Exception as e:  # noqa: BLE001 - a candidate that does not compile is a result
+            line = "ERROR " + f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        print(f"{variant} {time.time() - t0:.1f} {line}", flush=True)
 
 
-def run_candidate(cache_dir: str, arch: str, head_dim: int, variant: str, fwd: tuple,
-                  bwd: tuple, timeout: int) -> dict:
-    """Cached result of one compile (in a fresh process)."""
+def _cache_path(cache_dir: str, arch: str, head_dim: int, variant: str, fwd: tuple,
+                bwd: tuple) -> str:
     key = f"{arch}_d{head_dim}_{variant}_f{'-'.join(map(str, fwd))}_b{'-'.join(map(str, bwd))}"
-    path = os.path.join(cache_dir, key + ".json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(
-        [arch, head_dim, variant, list(fwd), list(bwd)])]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
-        out, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired:
-        out, rc = "timeout", -1
-    res = {"arch": arch, "head_dim": head_dim, "variant": variant, "fwd": list(fwd),
-           "bwd": list(bwd), "wall_s": round(time.time() - t0, 1), "ok": rc == 0}
-    line = next((ln for ln in out.splitlines() if ln.startswith("REPORT ")), None)
-    if rc == 0 and line:
-        res["kernels"] = json.loads(line[len("REPORT "):])
-    else:
-        res["ok"] = False
-        errors = [ln for ln in out.splitlines() if "Error" in ln or "error" in ln]
-        res["error"] = (errors[-1] if errors else out[-300:])[:500]
-    with open(path, "w") as f:
-        json.dump(res, f)
-    return res
+    return os.path.join(cache_dir, key + ".json")
+
+
+def run_candidate(cache_dir: str, arch: str, head_dim: int, fwd: tuple, bwd: tuple,
+                  timeout: int) -> list[dict]:
+    """Cached results of one candidate, one per variant (the missing ones compiled in a fresh
+    process)."""
+    paths = {v: _cache_path(cache_dir, arch, head_dim, v, fwd, bwd) for v in VARIANTS}
+    todo = [v for v, path in paths.items() if not os.path.exists(path)]
+    if todo:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(
+            [arch, head_dim, todo, list(fwd), list(bwd)])]
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+            out = proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired:
+            out = "timeout"
+        lines = {ln.split(" ", 1)[0]: ln.split(" ", 3)[1:] for ln in out.splitlines()
+                 if ln.split(" ", 1)[0] in todo and (" REPORT " in ln or " ERROR " in ln)}
+        for variant in todo:
+            res = {"arch": arch, "head_dim": head_dim, "variant": variant, "fwd": list(fwd),
+                   "bwd": list(bwd)}
+            wall, kind, body = lines.get(variant, ("0", "ERROR", out[-300:].strip()))
+            res.update(wall_s=float(wall), ok=kind == "REPORT")
+            if kind == "REPORT":
+                res["kernels"] = json.loads(body)
+            else:
+                res["error"] = body[:500]
+            with open(paths[variant], "w") as f:
+                json.dump(res, f)
+    results = []
+    for variant in VARIANTS:
+        with open(paths[variant]) as f:
+            results.append(json.load(f))
+    return results
 
 
 def pick(results: list[dict], kernel: str, smem_limit: int) -> dict:
@@ -200,9 +222,8 @@ def main() -> int:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        arch, d, variant, fwd, bwd = json.loads(args.worker)
-        report = worker(arch, d, variant, tuple(fwd), tuple(bwd))
-        print("REPORT " + json.dumps(report), flush=True)
+        arch, d, variants, fwd, bwd = json.loads(args.worker)
+        worker(arch, d, variants, tuple(fwd), tuple(bwd))
         return 0
 
     gpu.require_gpu_compiler()
@@ -223,20 +244,17 @@ def main() -> int:
                          "smem_per_block_optin": tgt.smem_per_block_optin,
                          "hbm_bytes": tgt.hbm_bytes}
         for d in dims:
-            jobs = [(fwd, bwd, variant)
-                    for fwd, bwd in zip(FWD_CANDIDATES, BWD_CANDIDATES, strict=True)
-                    for variant in VARIANTS]
-
             def one(job, arch=arch, d=d):
-                fwd, bwd, variant = job
-                r = run_candidate(cache, arch, d, variant, fwd, bwd, args.timeout)
-                print(f"[{time.time() - t0:6.0f}s] {arch} d={d} {variant} fwd={fwd} "
-                      f"bwd={bwd}: {'ok' if r['ok'] else 'FAILED'} ({r['wall_s']} s)",
+                fwd, bwd = job
+                rs = run_candidate(cache, arch, d, fwd, bwd, args.timeout)
+                status = ", ".join(f"{r['variant']} {'ok' if r['ok'] else 'FAILED'}" for r in rs)
+                print(f"[{time.time() - t0:6.0f}s] {arch} d={d} fwd={fwd} bwd={bwd}: {status}",
                       flush=True)
-                return r
+                return rs
 
             with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-                results = list(pool.map(one, jobs))
+                results = [r for rs in pool.map(one, zip(FWD_CANDIDATES, BWD_CANDIDATES,
+                                                         strict=True)) for r in rs]
             all_results += results
             picks.setdefault(arch, {})[str(d)] = {
                 kern: pick(results, kern, tgt.smem_per_block_optin) for kern in KERNELS}

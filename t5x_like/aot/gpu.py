@@ -313,14 +313,17 @@ def ptxas_version() -> str:
 
 # ---- the project's flash-attention kernels ----------------------------------------------------
 FLASH_KERNELS = ("t5x_like_flash_fwd", "t5x_like_flash_bwd_dkdv", "t5x_like_flash_bwd_dq")
-# variant -> (causal, T5 table, segment ids + prefix, dense bias)
+# Every combination of features the public `flash_attention` can hand a kernel: a mask (none,
+# causal, packed segments, packed prefix-LM) and a bias (none, the T5 table, dense [1, H, L, L]);
+# a table given with a dense bias reaches the kernels as one dense bias (`flash_attention`).
+_MASKS = {"full": (False, False), "causal": (True, False), "packed": (False, True),
+          "packed_prefix": (True, True)}
+# variant -> (causal, T5 table, segment ids (+ prefix mask when causal), dense bias); "rel" is
+# the encoder's (bidirectional buckets), "causal_rel" the decoder's self-attention.
 FLASH_VARIANTS = {
-    "causal_rel": (True, True, False, False),  # decoder self-attention
-    "rel": (False, True, False, False),  # encoder self-attention (bidirectional buckets)
-    "causal": (True, False, False, False),
-    "full": (False, False, False, False),  # no mask, no bias
-    "packed_prefix_rel": (True, True, True, False),  # packed prefix-LM with the table
-    "dense_bias": (True, False, True, True),  # every mask + a dense [1, H, L, L] bias
+    (bias if mask == "full" and bias else f"{mask}_{bias}".rstrip("_")):
+        (causal, bias == "rel", packed, bias == "dense")
+    for mask, (causal, packed) in _MASKS.items() for bias in ("", "rel", "dense")
 }
 
 
@@ -348,7 +351,8 @@ def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 
         args["rel_bias"] = spec((num_buckets, heads), jnp.float32)
     if packed:
         args["q_segment_ids"] = args["kv_segment_ids"] = spec((batch, seq_len), jnp.int32)
-        args["prefix_mask"] = spec((batch, seq_len), jnp.bool_)
+        if causal:
+            args["prefix_mask"] = spec((batch, seq_len), jnp.bool_)
     if dense:
         args["bias"] = spec((1, heads, seq_len, seq_len), jnp.bfloat16)
     names = list(args)

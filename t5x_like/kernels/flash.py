@@ -46,6 +46,7 @@ import numpy as np
 
 from t5x_like.kernels import _flash_triton
 from t5x_like.kernels._flash_common import FlashConfig
+from t5x_like.kernels._flash_reference import reference_rel_bias
 
 BACKENDS = ("auto", "triton", "mosaic_tpu")
 MAX_HEAD_DIM = 256
@@ -59,13 +60,13 @@ TPU_ARCHS = ("v4", "v5e", "v5p", "v6e")
 # head_dim 256 entries are not searched yet: small conservative tiles.
 GPU_BLOCKS: dict[str, dict[int, dict[str, tuple[int, int, int, int]]]] = {
     "sm_80": {
-        64: {"fwd": (128, 32, 4, 3), "bwd": (64, 32, 4, 2)},
-        128: {"fwd": (64, 64, 4, 2), "bwd": (32, 32, 4, 2)},
+        64: {"fwd": (128, 32, 4, 3), "bwd": (64, 32, 8, 2)},
+        128: {"fwd": (64, 64, 4, 2), "bwd": (64, 32, 8, 2)},
         256: {"fwd": (64, 32, 8, 2), "bwd": (32, 32, 4, 1)},
     },
     "sm_86": {
         64: {"fwd": (128, 32, 4, 3), "bwd": (64, 32, 4, 2)},
-        128: {"fwd": (64, 64, 4, 2), "bwd": (32, 32, 4, 1)},
+        128: {"fwd": (64, 64, 4, 2), "bwd": (64, 32, 8, 2)},
         256: {"fwd": (64, 32, 8, 2), "bwd": (32, 32, 4, 1)},
     },
     "sm_90": {
@@ -285,7 +286,8 @@ def flash_attention(
         ids, 0 = padding. Only one given: just that side's padding (id 0) is masked.
       prefix_mask: [B, Lq] bool; prefix tokens attend to each other bidirectionally (causal=True).
       rel_bias: [num_buckets, H] T5 table, bias = table[bucket(k - q)] per tile.
-      bias: dense additive [B|1, H|1, Lq, Lk].
+      bias: dense additive [B|1, H|1, Lq, Lk]. With `rel_bias` too, the table is added to it
+        first (one dense bias in the kernel).
       block_q, block_k: tile sizes (powers of two >= 16); None = per-target defaults
         (`compile_target`, else the host's devices).
       bwd_block_q, bwd_block_k: tile sizes of the backward kernels; None = block_q / block_k
@@ -295,6 +297,14 @@ def flash_attention(
     """
     _validate(q, k, v, causal, q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias,
               backend)
+    if rel_bias is not None and bias is not None:
+        # No kernel carries both (with both, the dQ or dK/dV kernel spilled registers on sm_80
+        # and sm_90): the caller already pays O(Lq·Lk) for `bias`, so the table joins it as a
+        # [1, H, Lq, Lk] bias (dtypes promoted); its gradient flows back through the lookup.
+        bias = bias + reference_rel_bias(rel_bias, q.shape[1], k.shape[1],
+                                         bidirectional=rel_bidirectional,
+                                         max_distance=rel_max_distance)
+        rel_bias = None
     target = current_target()
     if backend == "auto":
         backend = "mosaic_tpu" if target.platform == "tpu" else "triton"

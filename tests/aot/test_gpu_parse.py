@@ -97,3 +97,13 @@ def test_missing_compiler_names_the_install_command() -> None:
 def test_bad_device_counts() -> None:
     with pytest.raises(ValueError, match="multiple of num_hosts"):
         gpu.target_devices("h100", 6, 4)
+
+
+def test_flash_variants_are_every_combination_the_api_reaches() -> None:
+    """(causal, T5 table, packed, dense bias): every mask with every bias, never both biases
+    (`flash_attention` folds a table given with a dense bias into it)."""
+    combos = {(c, r, p, d) for c in (False, True) for r in (False, True) for p in (False, True)
+              for d in (False, True) if not (r and d)}
+    assert sorted(gpu.FLASH_VARIANTS.values()) == sorted(combos)
+    assert gpu.FLASH_VARIANTS["causal_rel"] == (True, True, False, False)
+    assert gpu.FLASH_VARIANTS["rel"] == (False, True, False, False)

@@ -161,3 +161,28 @@ def test_separate_backward_blocks_match_reference(causal: bool) -> None:
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
     for g, w in zip(pull(do), pull_ref(do), strict=True):
         np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-5)
+
+
+def test_a_table_with_a_dense_bias_reaches_the_kernels_as_one_dense_bias(monkeypatch) -> None:
+    """No kernel carries both biases: the table is added to the dense bias first (values and
+    both biases' gradients as XLA's)."""
+    rng = np.random.default_rng(3)
+    b, length, h, d = 2, 40, 2, 16
+    q, k, v, do = (jnp.asarray(rng.standard_normal((b, length, h, d)), jnp.float32)
+                   for _ in range(4))
+    table = jnp.asarray(rng.standard_normal((32, h)), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal((1, 1, length, length)), jnp.float32)
+    kw = dict(causal=True, rel_bidirectional=False, rel_max_distance=24)
+    configs = []
+    core = flash._flash_core
+    monkeypatch.setattr(flash, "_flash_core", lambda cfg, *a: configs.append(cfg) or core(cfg, *a))
+
+    got, pull = jax.vjp(lambda t, bb: flash.flash_attention(
+        q, k, v, rel_bias=t, bias=bb, block_q=16, block_k=16, backend="triton", **kw), table, bias)
+    want, pull_ref = jax.vjp(lambda t, bb: reference_attention(
+        q, k, v, rel_bias=t, bias=bb, **kw), table, bias)
+    assert [(c.has_rel, c.has_bias, c.bias_heads) for c in configs] == [(False, True, h)]
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+    for g, w in zip(pull(do), pull_ref(do), strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=5e-5, rtol=5e-5)
