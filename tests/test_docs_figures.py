@@ -62,7 +62,8 @@ def test_quickstart_data_iterator_state_size(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("venv", "doc", "pattern"), [
-    (".venv-aot", "docs/development.md", r"the CUDA\s+plugin \+ ptxas and libtpu, ~([\d.]+) GB"),
+    (".venv-aot", "docs/development.md",
+     r"the CUDA\s+plugin \+\s+ptxas\s+and\s+libtpu,\s+~([\d.]+)\s+GB"),
     (".venv", "README.md", r"pip first; ([\d.]+) GB with\s+the test extras"),
 ])
 def test_virtualenv_sizes(venv: str, doc: str, pattern: str) -> None:
