@@ -17,8 +17,16 @@ import argparse
 import concurrent.futures
 import functools
 import multiprocessing
+import os
 import sys
 import time
+
+
+def _worker_init() -> None:
+    """Before the worker imports jax: XLA logs its own ptxas -v report (read, not rerun)."""
+    from t5x_like.aot import gpu
+
+    os.environ.update(gpu.XLA_PTXAS_LOG_ENV)
 
 
 def check(arch: str, head_dim: int, variants: list[str], seq_len: int,
@@ -73,7 +81,8 @@ def main() -> int:
     run = functools.partial(check, variants=variants, seq_len=args.seq_len, t0=t0)
     # Fresh interpreters (not forks of this one, which has imported jax).
     with concurrent.futures.ProcessPoolExecutor(
-            args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            args.jobs, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init) as pool:
         done = list(pool.map(run, archs, dims))
     rows = [r for rs, _ in done for r in rs]
     failures = [f for _, fs in done for f in fs]

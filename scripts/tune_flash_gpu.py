@@ -107,7 +107,7 @@ def run_candidate(cache_dir: str, arch: str, head_dim: int, fwd: tuple, bwd: tup
     if todo:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(
             [arch, head_dim, todo, list(fwd), list(bwd)])]
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **gpu.XLA_PTXAS_LOG_ENV)
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                   timeout=timeout, check=False)

@@ -3,8 +3,9 @@
 XLA's GPU compiler runs without a GPU or driver when given a target description
 (`GpuTargetConfigProto` text) through `jax.experimental.topologies.get_topology_desc`: jitted
 functions lowered for those devices go through the production path (Pallas -> Triton -> LLVM ->
-PTX -> ptxas -> cubin). `kernel_report` compiles a function that way, dumps the PTX, runs the
-same ptxas with `-v` on every kernel and returns what decides a kernel's speed and safety:
+PTX -> ptxas -> cubin). `kernel_report` compiles a function that way, dumps the PTX, reads
+ptxas's `-v` report of every kernel (from XLA's own ptxas run when `XLA_PTXAS_LOG_ENV` is set,
+else by running the same ptxas again) and returns what decides a kernel's speed and safety:
 registers, spills, stack, shared memory, launch shape, blocks per SM and the limiting resource,
 tensor-core instruction kind and pipelined-load (cp.async / TMA) counts.
 
@@ -15,6 +16,7 @@ the package works without them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -23,8 +25,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 INSTALL_HINT = ("deviceless GPU compilation needs the CUDA compiler packages: run `make "
@@ -35,6 +38,10 @@ REGISTERS_PER_SM = 65536
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
 RESERVED_SMEM_PER_BLOCK = 1024  # the driver keeps 1 KB of shared memory per resident block
+#: Set in a process's environment before jax loads: XLA then passes `-v` to the ptxas it runs on
+#: every kernel and logs the report, which `kernel_report` reads instead of running ptxas again
+#: (a quarter of a kernel check's time).
+XLA_PTXAS_LOG_ENV = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "subprocess_compilation=2"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,16 +264,49 @@ def kernel_report(fn: Callable, *args: Any, target: str,
     require_gpu_compiler()
     with tempfile.TemporaryDirectory(prefix="t5x_like_gpu_dump_",
                                      ignore_cleanup_errors=True) as dump_dir:
-        fn.lower(*args).compile(compiler_options={"xla_dump_to": dump_dir})
-        return report_from_dump(dump_dir, target, kernel_filter)
+        with _stderr_captured() as log:
+            fn.lower(*args).compile(compiler_options={"xla_dump_to": dump_dir})
+        return report_from_dump(dump_dir, target, kernel_filter, ptxas_log=log.text)
 
 
-def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], bool] | None = None
-                     ) -> dict[str, dict[str, Any]]:
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[_Captured]:
+    """Collect what this process writes to file descriptor 2 (XLA's C++ log) inside the block;
+    afterwards pass on all of it but INFO lines and ptxas's `-v` report."""
+    captured = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            captured.text = f.read().decode("utf-8", "replace")
+    rest = [ln for ln in captured.text.splitlines(keepends=True) if not _LOG_NOISE.match(ln)]
+    sys.stderr.write("".join(rest))
+
+
+# An INFO line of XLA's log (glog prefix), a line of ptxas's -v report, or a blank line.
+_LOG_NOISE = re.compile(r"I\d{4} |ptxas info|\s+\d+ bytes stack frame|\s*$")
+
+
+def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], bool] | None = None,
+                     ptxas_log: str = "") -> dict[str, dict[str, Any]]:
     """`kernel_report`'s analysis of an existing `xla_dump_to` directory of a GPU compile:
-    ptxas -v on each emitted kernel's PTX, launch shape from the thunk sequence, PTX features
-    and occupancy. Kernels failing `kernel_filter` (default: none fail) are left out."""
+    ptxas -v on each emitted kernel's PTX (read from `ptxas_log`, XLA's log of the compile, when
+    it holds the kernel's report; else ptxas runs again), launch shape from the thunk sequence,
+    PTX features and occupancy. Kernels failing `kernel_filter` (default: none fail) are left
+    out."""
     tgt = gpu_target(target)
+    logged = parse_ptxas_verbose(ptxas_log)
     thunks: dict[str, dict[str, Any]] = {}
     for path in glob.glob(os.path.join(dump_dir, "*thunk_sequence.txt")):
         with open(path) as f:
@@ -276,12 +316,12 @@ def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], 
         with open(path) as f:
             text = f.read()
         ptx_of.update(dict.fromkeys(re.findall(r"\.entry (\w+)\(", text), text))
-    ptxas = ptxas_path()
     report = {}
     for name, ptx in ptx_of.items():
         if kernel_filter is not None and not kernel_filter(name):
             continue
-        k = _ptxas_report(ptxas, tgt, name, ptx, dump_dir)
+        k = (dict(logged[name]) if "registers" in logged.get(name, {})
+             else _ptxas_report(ptxas_path(), tgt, name, ptx, dump_dir))
         k.update(thunks.get(name, {}))
         k.update(ptx_features(ptx))
         k["mma"] = "wgmma" if k["wgmma"] else ("mma.sync" if k["mma_sync"] else "-")

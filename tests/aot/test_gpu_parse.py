@@ -4,6 +4,7 @@ error when the compiler packages are missing (the test venv does not have them).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -107,3 +108,36 @@ def test_flash_variants_are_every_combination_the_api_reaches() -> None:
     assert sorted(gpu.FLASH_VARIANTS.values()) == sorted(combos)
     assert gpu.FLASH_VARIANTS["causal_rel"] == (True, True, False, False)
     assert gpu.FLASH_VARIANTS["rel"] == (False, True, False, False)
+
+
+def test_a_compile_log_with_ptxas_reports_spares_running_ptxas(tmp_path) -> None:
+    """With `XLA_PTXAS_LOG_ENV` XLA logs its own ptxas -v: `report_from_dump` reads it (here
+    there is no ptxas to run) and falls back to running ptxas for a kernel the log lacks."""
+    (tmp_path / "module_0001.jit_loss.ptx").write_text(
+        ".visible .entry t5x_like_flash_fwd(\n cp.async.cg.shared.global [a], [b], 16;\n"
+        "wgmma.mma_async.sync\n}\n.visible .entry t5x_like_flash_bwd_dq(\n}\n")
+    (tmp_path / "module_0001.jit_loss.thunk_sequence.txt").write_text(THUNKS)
+    xla_log = "".join(  # glog's prefix on the first line of each ptxas run, as XLA logs it
+        f"I1127 10:11:25.752621    4741 subprocess_compilation.cc:356] {part}"
+        for part in PTXAS_LOG.split("ptxas info    : 0 bytes gmem\n") if part)
+    fwd = gpu.report_from_dump(str(tmp_path), "h100", lambda n: n.endswith("fwd"),
+                               ptxas_log=xla_log)["t5x_like_flash_fwd"]
+    assert fwd["registers"] == 255 and fwd["spill_store_bytes"] == 220
+    assert fwd["threads"] == 128 and fwd["cp_async"] == 1 and fwd["mma"] == "wgmma"
+    assert fwd["limited_by"] == "registers"
+    try:
+        gpu.ptxas_path()
+    except RuntimeError:  # no ptxas here (the test venv): the fallback is what fails
+        with pytest.raises(RuntimeError, match="ptxas not found"):
+            gpu.report_from_dump(str(tmp_path), "h100", ptxas_log="")
+
+
+def test_captured_compiler_log_passes_on_all_but_info_and_ptxas_lines(capfd) -> None:
+    with gpu._stderr_captured() as log:  # noqa: SLF001
+        os.write(2, b"I1127 10:11:24.807177 4741 subprocess_compilation.cc:356] ptxas info    "
+                    b": 0 bytes gmem\nptxas info    : Used 10 registers\n    0 bytes stack frame"
+                    b", 0 bytes spill stores, 0 bytes spill loads\n\n"
+                    b"W1127 10:11:25.000000 4741 gpu_compiler.cc:1] a real warning\n")
+    assert "Used 10 registers" in log.text and "a real warning" in log.text
+    err = capfd.readouterr().err
+    assert err == "W1127 10:11:25.000000 4741 gpu_compiler.cc:1] a real warning\n"
