@@ -1,6 +1,9 @@
-"""The suite's metric functions against values worked out by hand (see each comment)."""
+"""The suite's metric functions against values worked out by hand (see each comment) and, for
+accuracy and macro-F1, against scikit-learn."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -51,6 +54,20 @@ def test_bleu_perfect_and_disjoint():
     refs = ["the quick brown fox jumps over the lazy dog", "a second sentence of five words"]
     assert scoring.bleu(refs, list(refs))["bleu"] == pytest.approx(100.0)
     assert scoring.bleu(refs, ["zz yy xx ww vv", "qq rr ss tt uu"])["bleu"] == pytest.approx(0.0)
+
+
+def test_accuracy_and_f1_macro_equal_scikit_learn(test_seed):
+    from sklearn.metrics import accuracy_score, f1_score
+
+    rng = random.Random(test_seed)
+    for _ in range(50):
+        n = rng.randint(1, 40)
+        targets = [rng.choice("abcd") for _ in range(n)]
+        predictions = [rng.choice("abcde") for _ in range(n)]  # "e" is never gold
+        assert scoring.accuracy(targets, predictions)["accuracy"] == pytest.approx(
+            100 * accuracy_score(targets, predictions))
+        assert scoring.f1_macro(targets, predictions)["f1_macro"] == pytest.approx(100 * f1_score(
+            targets, predictions, labels=sorted(set(targets)), average="macro", zero_division=0))
 
 
 def test_strip_postprocessor():
