@@ -36,7 +36,8 @@ $(VENV)/.test-installed: requirements-test.txt $(VENV)/.runtime-installed
 	$(call uv_install,$(PY)) -r requirements-test.txt
 	touch $@
 
-.PHONY: install install-test install-aot pretrain test lint check-kernels
+.PHONY: install install-test install-aot pretrain test lint check-kernels check-gpu-kernels \
+	check-tpu-kernels
 install: $(VENV)/.runtime-installed
 install-test: $(VENV)/.test-installed
 install-aot: $(AOT_VENV)/.aot-installed
@@ -61,9 +62,12 @@ test: $(VENV)/.test-installed lint
 
 # Compiles every flash-attention kernel variant for sm_80, sm_86, sm_89 and sm_90 with the real
 # GPU compiler (no GPU): fails when one stops compiling, spills registers or loses its pipelined
-# loads. Then the TPU kernels with libtpu for v4, v5e, v5p and v6e (fwd and fwd+bwd; plain, T5
-# table, segments; default blocks): fails when one stops compiling.
-check-kernels: $(AOT_VENV)/.aot-installed
+# loads. And the TPU kernels with libtpu for v4, v5e, v5p and v6e (fwd and fwd+bwd; plain, T5
+# table, segments; default blocks): fails when one stops compiling. `make -j2 -Otarget
+# check-kernels` runs the two at once (CI does).
+check-kernels: check-gpu-kernels check-tpu-kernels
+check-gpu-kernels: $(AOT_VENV)/.aot-installed
 	JAX_PLATFORMS=cpu $(AOT_PY) scripts/check_gpu_kernels.py
+check-tpu-kernels: $(AOT_VENV)/.aot-installed
 	JAX_PLATFORMS=cpu $(AOT_PY) scripts/compile_tpu_kernels.py --head-dims=128 \
 		--variants=causal,causal_rel,segments
