@@ -10,9 +10,10 @@ from pathlib import Path
 #: models are tiny, so compiling, not running, is most of their CPU time. -O0: an evaluate
 #: subprocess ~40 -> ~30 CPU-s (a test running 100 steps is slower); fusion emitters off: a
 #: fine-tune step's compile 2.9 -> 1.4 s, and tests/test_evaluate.py + tests/models/
-#: test_decoding.py 313 -> 240 user-s (2 interleaved rounds each). XLA's HLO passes (fusion,
-#: buffer assignment, what the planner and the memory tests read) are the same either way; only
-#: the machine code differs.
+#: test_decoding.py 313 -> 240 user-s (2 interleaved rounds each). Fusion and buffer assignment
+#: (what the planner and the memory tests read) are XLA's HLO passes either way; without the
+#: fusion emitters XLA:CPU also expands scatters into loops, so tests/aot/test_roofline.py, which
+#: ranks a compiled step's kernels, compiles with them on.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
