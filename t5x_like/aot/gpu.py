@@ -270,6 +270,8 @@ def kernel_report(fn: Callable, *args: Any, target: str,
 
 
 class _Captured:
+    """What `_stderr_captured` collected (its `text` is set when the block exits)."""
+
     text = ""
 
 

@@ -6,9 +6,8 @@ as T5's `t5.evaluation.metrics` does. Accuracy and macro-F1 are counted here (a 
 importing scikit-learn for them cost every evaluation process ~1.7 s; the tests check them against
 scikit-learn); ROUGE and BLEU wrap well-kept libraries: rouge-score (F-measures with Porter
 stemming, as T5) and sacrebleu (corpus BLEU with T5's settings); exact match uses SQuAD's answer
-normalisation
-(lowercase, drop punctuation and the articles a/an/the, collapse whitespace). The argument names
-`targets` and `predictions` are what `seqio.Task(metric_fns=...)` looks for.
+normalisation (lowercase, drop punctuation and the articles a/an/the, collapse whitespace). The
+argument names `targets` and `predictions` are what `seqio.Task(metric_fns=...)` looks for.
 """
 
 from __future__ import annotations
