@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -111,7 +112,7 @@ def run_candidate(cache_dir: str, arch: str, head_dim: int, fwd: tuple, bwd: tup
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                   timeout=timeout, check=False)
-            out = proc.stdout + proc.stderr
+            out = proc.stdout + re.sub(r"(?m)^I\d{4} .*\n?", "", proc.stderr)  # XLA's INFO log
         except subprocess.TimeoutExpired:
             out = "timeout"
         lines = {ln.split(" ", 1)[0]: ln.split(" ", 3)[1:] for ln in out.splitlines()
