@@ -1,5 +1,8 @@
 """Attention benchmark: our Pallas flash kernel vs cuDNN (`jax.nn.dot_product_attention`) vs XLA.
 
+`pallas` is our kernel as models use it (Triton); on an sm_90 GPU `pallas_hopper` is added: the
+same kernel with its Hopper forward (`backend='mosaic_gpu'`: warp-specialised, TMA + wgmma).
+
 On a GPU (the real benchmark): bf16, head_dim 64 and 128 (heads = 2048 / head_dim), lengths
 1k ... 16k at batch x length = 16k tokens, causal and not, with and without the T5 relative bias
 (cuDNN and XLA get the materialised [1, H, L, L] bias). Per shape, every implementation is
@@ -39,6 +42,8 @@ from t5x_like.kernels._flash_reference import reference_attention, reference_rel
 
 NUM_BUCKETS, MAX_DISTANCE = 32, 128
 SHAPE_KEYS = ("length", "batch", "heads", "head_dim", "causal", "t5_bias")
+#: ours (Triton), ours with the Hopper forward (Mosaic GPU, sm_90 only), cuDNN, XLA.
+IMPLS = ("pallas", "pallas_hopper", "cudnn", "xla")
 
 
 def attention_flops(b: int, h: int, lq: int, lk: int, d: int, causal: bool) -> float:
@@ -63,6 +68,11 @@ def make_impl(name: str, causal: bool, length: int, sm_scale: float, interpret: 
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
             rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, block_q=blocks[0],
             block_k=blocks[1], interpret=interpret)
+    if name == "pallas_hopper":  # the Mosaic GPU forward (128-row q blocks), Triton backward
+        return lambda q, k, v, table: flash_attention(
+            q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
+            rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, bwd_block_q=blocks[0],
+            bwd_block_k=blocks[1], backend="mosaic_gpu", interpret=interpret)
     bias = lambda table: (None if table is None
                           else dense_t5_bias(table, length, causal, jnp.bfloat16))
     if name == "cudnn":
@@ -72,7 +82,7 @@ def make_impl(name: str, causal: bool, length: int, sm_scale: float, interpret: 
     if name == "xla":
         return lambda q, k, v, table: reference_attention(q, k, v, causal=causal,
                                                           bias=bias(table), sm_scale=sm_scale)
-    raise ValueError(f"unknown implementation {name!r}; choose from pallas, cudnn, xla")
+    raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
 
 
 def _fwd_bwd(attn):
@@ -242,7 +252,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--tokens", type=int, default=16384, help="batch x length")
     parser.add_argument("--lengths", type=int, nargs="*", default=None)
     parser.add_argument("--head-dims", type=int, nargs="*", default=None)
-    parser.add_argument("--impls", nargs="*", default=None, help="pallas cudnn xla")
+    parser.add_argument("--impls", nargs="*", default=None, choices=IMPLS,
+                        help="default: all that run on the device")
     parser.add_argument("--block-q", type=int, default=None)
     parser.add_argument("--block-k", type=int, default=None)
     parser.add_argument("--t5", choices=("both", "yes", "no"), default="both",
@@ -269,7 +280,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rounds, repeats, warmup, model_dim = args.rounds or 5, args.repeats or 10, args.warmup, 2048
         out_dir = args.out_dir or Path("benchmarks")
         mode, interpret, blocks = "GPU benchmark", False, (args.block_q, args.block_k)
-    impls = args.impls or (["pallas", "cudnn", "xla"] if on_gpu else ["pallas", "xla"])
+    hopper = on_gpu and getattr(jax.devices()[0], "compute_capability", "").startswith("9")
+    impls = args.impls or (["pallas", *(["pallas_hopper"] if hopper else []), "cudnn", "xla"]
+                           if on_gpu else ["pallas", "xla"])
 
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "attention.jsonl"

@@ -296,8 +296,10 @@ def _stderr_captured() -> Iterator[_Captured]:
     sys.stderr.write("".join(rest))
 
 
-# An INFO line of XLA's log (glog prefix), a line of ptxas's -v report, or a blank line.
-_LOG_NOISE = re.compile(r"I\d{4} |ptxas info|\s+\d+ bytes stack frame|\s*$")
+# An INFO line of XLA's log (glog prefix), a line of ptxas's -v report, a blank line, or Mosaic
+# GPU's note that a dump could not include SASS (no nvdisasm in the wheels).
+_LOG_NOISE = re.compile(r"I\d{4} |ptxas info|\s+\d+ bytes stack frame|\s*$|nvdisasm invocation "
+                        r"failed")
 
 
 def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], bool] | None = None,
@@ -331,6 +333,51 @@ def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], 
             smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
             k.update(occupancy(tgt, k["registers"], k["threads"], smem))
         report[name] = k
+    return report
+
+
+_MOSAIC_LAUNCH = re.compile(
+    r"gpu\.launch .*? in \(%\w+ = %c(\d+)\w*, %\w+ = %c(\d+)\w*, %\w+ = %c(\d+)\w*\) "
+    r"threads\(.*?\) in \(%\w+ = %c(\d+)\w*, .*?dynamic_shared_memory_size %c(\d+)_i32")
+
+
+def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dict[str, Any]]:
+    """`kernel_report` for Pallas Mosaic GPU kernels (sm_90a), which XLA does not emit itself:
+    Mosaic writes each kernel's PTX, its ptxas -v report and its MLIR passes (with the launch:
+    grid, threads, dynamic shared memory) where `MOSAIC_GPU_DUMP_TO` points during the compile.
+    Returns {kernel: registers, spills, stack_bytes, grid, threads, dyn_smem_bytes, wgmma, tma,
+    mbarrier, setmaxnreg, ...}; an entry is named `<kernel_name>_mosaic_gpu_kernel`."""
+    gpu_target(target)
+    require_gpu_compiler()
+    with tempfile.TemporaryDirectory(prefix="t5x_like_mgpu_dump_",
+                                     ignore_cleanup_errors=True) as dump_dir:
+        env = {"MOSAIC_GPU_DUMP_TO": dump_dir, "MOSAIC_GPU_DUMP_PTX": "1",
+               "MOSAIC_GPU_DUMP_PTXAS": "1"}
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)  # read by the CUDA plugin at each compile
+        try:
+            with _stderr_captured():  # Mosaic prints an IR dump when it cannot write the file
+                fn.lower(*args).compile()
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+        report = {}
+        for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptxas"))):
+            base = path.removesuffix(".ptxas")
+            with open(path) as f, open(base + ".ptx") as g, open(base + ".mlir-passes.log") as h:
+                ptxas, ptx, passes = f.read(), g.read(), h.read()
+            for name, info in parse_ptxas_verbose(ptxas).items():
+                info.update(ptx_features(ptx))
+                info["mma"] = "wgmma" if info["wgmma"] else "-"
+                info["mbarrier"] = len(re.findall(r"\bmbarrier\.", ptx))
+                info["setmaxnreg"] = len(re.findall(r"\bsetmaxnreg\.", ptx))
+                m = _MOSAIC_LAUNCH.search(passes)
+                if m:
+                    info.update(grid=[int(m[1]), int(m[2]), int(m[3])], threads=int(m[4]),
+                                dyn_smem_bytes=int(m[5]))
+                    info.update(occupancy(gpu_target(target), info.get("registers", 0),
+                                          info["threads"], info["dyn_smem_bytes"]))
+                report[name] = info
     return report
 
 
@@ -369,14 +416,15 @@ FLASH_VARIANTS = {
 }
 
 
-def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 1024,
-                  batch: int = 2, heads: int = 8, num_buckets: int = 32):
-    """(jitted grad of sum(flash_attention(...)), ShapeDtypeStruct args) for one variant.
+#: The Hopper (Mosaic GPU) forward's kernel, and the variants it takes (no dense bias).
+MOSAIC_FLASH_KERNELS = ("t5x_like_flash_fwd_hopper_mosaic_gpu_kernel",)
+MOSAIC_FLASH_VARIANTS = [v for v, (_, _, _, dense) in FLASH_VARIANTS.items() if not dense]
 
-    bf16 q/k/v [batch, seq_len, heads, head_dim] on `devices[0]`; backend 'triton' explicitly so
-    the host's backend does not matter. Blocks come from the defaults of the `compile_target`
-    in effect (wrap the `.lower` in `with compile_target("gpu", arch)`).
-    """
+
+def _flash_call(variant: str, head_dim: int, devices: list, backend: str, seq_len: int,
+                batch: int, heads: int, num_buckets: int):
+    """(flash_attention of one variant as a function of its array args, the args as
+    ShapeDtypeStructs on `devices[0]`, the names of those args)."""
     import jax
     import jax.numpy as jnp
 
@@ -398,13 +446,40 @@ def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 
     if dense:
         args["bias"] = spec((1, heads, seq_len, seq_len), jnp.bfloat16)
     names = list(args)
-    diff = [i for i, n in enumerate(names) if n in ("q", "k", "v", "rel_bias", "bias")]
 
-    def loss(*xs):
+    def call(*xs):
         kw = dict(zip(names, xs, strict=True))
-        out = flash_attention(kw.pop("q"), kw.pop("k"), kw.pop("v"), causal=causal,
-                              rel_bidirectional=not causal, backend="triton", interpret=False,
-                              **kw)
-        return jnp.sum(out.astype(jnp.float32))
+        return flash_attention(kw.pop("q"), kw.pop("k"), kw.pop("v"), causal=causal,
+                               rel_bidirectional=not causal, backend=backend, interpret=False,
+                               **kw)
 
-    return jax.jit(jax.grad(loss, argnums=tuple(diff))), [args[n] for n in names]
+    return call, [args[n] for n in names], names
+
+
+def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 1024,
+                  batch: int = 2, heads: int = 8, num_buckets: int = 32):
+    """(jitted grad of sum(flash_attention(...)), ShapeDtypeStruct args) for one variant.
+
+    bf16 q/k/v [batch, seq_len, heads, head_dim] on `devices[0]`; backend 'triton' explicitly so
+    the host's backend does not matter. Blocks come from the defaults of the `compile_target`
+    in effect (wrap the `.lower` in `with compile_target("gpu", arch)`).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    call, args, names = _flash_call(variant, head_dim, devices, "triton", seq_len, batch, heads,
+                                    num_buckets)
+    diff = [i for i, n in enumerate(names) if n in ("q", "k", "v", "rel_bias", "bias")]
+    loss = lambda *xs: jnp.sum(call(*xs).astype(jnp.float32))  # noqa: E731
+    return jax.jit(jax.grad(loss, argnums=tuple(diff))), args
+
+
+def mosaic_forward_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 1024,
+                      batch: int = 2, heads: int = 8, num_buckets: int = 32):
+    """(jitted flash_attention forward with backend 'mosaic_gpu', ShapeDtypeStruct args): the
+    Hopper kernel alone (its backward is the Triton one `flash_grad_fn` checks)."""
+    import jax
+
+    call, args, _ = _flash_call(variant, head_dim, devices, "mosaic_gpu", seq_len, batch, heads,
+                                num_buckets)
+    return jax.jit(call), args

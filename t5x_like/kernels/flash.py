@@ -5,6 +5,9 @@ lengths / head_dim / the bucket table to what the kernels need, picks a backend,
 kernels into `jax.custom_vjp`:
 
 - `backend='triton'`: `_flash_triton.py` (Pallas on Triton, GPU; CPU runs it with `interpret=True`).
+- `backend='mosaic_gpu'`: `_flash_mosaic_gpu.py`, the Hopper (sm_90a) forward in Pallas on Mosaic
+  GPU (warp-specialised, TMA + wgmma; bf16, head_dim 64/128, no dense bias) with the Triton
+  backward; CPU runs it in Pallas' GPU interpreter. Opt-in until a GPU measures it.
 - `backend='mosaic_tpu'`: `_flash_tpu.py` (Pallas Mosaic TPU; CPU runs it in TPU interpret mode).
 - `backend='auto'`: triton on GPU and CPU, mosaic_tpu on TPU.
 
@@ -44,11 +47,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.kernels import _flash_triton
+from t5x_like.kernels import _flash_mosaic_gpu, _flash_triton
 from t5x_like.kernels._flash_common import FlashConfig
 from t5x_like.kernels._flash_reference import reference_rel_bias
 
-BACKENDS = ("auto", "triton", "mosaic_tpu")
+BACKENDS = ("auto", "triton", "mosaic_gpu", "mosaic_tpu")
 MAX_HEAD_DIM = 256
 GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 TPU_ARCHS = ("v4", "v5e", "v5p", "v6e")
@@ -309,11 +312,13 @@ def flash_attention(
     if backend == "auto":
         backend = "mosaic_tpu" if target.platform == "tpu" else "triton"
     if interpret is None:
-        interpret = target.platform != ("gpu" if backend == "triton" else "tpu")
+        interpret = target.platform != ("tpu" if backend == "mosaic_tpu" else "gpu")
     b, lq, h, d = q.shape
     lk, hkv = k.shape[1], k.shape[2]
-    dp = _pow2_at_least(d, 32)
+    dp = _pow2_at_least(d, 64 if backend == "mosaic_gpu" else 32)
     fwd = _blocks(default_block_sizes(dp, backend, target, "fwd"), block_q, block_k, lq, lk)
+    if backend == "mosaic_gpu":  # fixed 128-row q blocks (two warpgroups), lengths padded to them
+        fwd = (block_q or _flash_mosaic_gpu.BLOCK_Q, block_k or 64, 4, 2)
     bwd = _blocks(default_block_sizes(dp, backend, target, "bwd"), bwd_block_q or block_q,
                   bwd_block_k or block_k, lq, lk, "bwd_" if bwd_block_q or bwd_block_k else "")
     bq, bk, warps, stages = fwd
@@ -376,6 +381,8 @@ def _side_inputs(q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq:
 
 
 def _backend_module(cfg: FlashConfig):
+    if cfg.backend == "mosaic_gpu":
+        return _flash_mosaic_gpu
     if cfg.backend == "mosaic_tpu":
         from t5x_like.kernels import _flash_tpu
 

@@ -141,3 +141,14 @@ def test_captured_compiler_log_passes_on_all_but_info_and_ptxas_lines(capfd) -> 
     assert "Used 10 registers" in log.text and "a real warning" in log.text
     err = capfd.readouterr().err
     assert err == "W1127 10:11:25.000000 4741 gpu_compiler.cc:1] a real warning\n"
+
+
+def test_mosaic_launch_line_gives_grid_threads_and_shared_memory() -> None:
+    """The launch a Mosaic GPU kernel's MLIR dump ends in (`mosaic_kernel_report` reads it)."""
+    line = ("%5 = gpu.launch async [%0] blocks(%arg2, %arg3, %arg4) in (%arg8 = %c2, %arg9 = %c8,"
+            " %arg10 = %c8_0) threads(%arg5, %arg6, %arg7) in (%arg11 = %c384, %arg12 = %c1, "
+            "%arg13 = %c1_1) dynamic_shared_memory_size %c119920_i32 {")
+    m = gpu._MOSAIC_LAUNCH.search("llvm.func @x()\n" + line)  # noqa: SLF001
+    assert m is not None
+    assert [int(m[i]) for i in range(1, 6)] == [2, 8, 8, 384, 119920]
+    assert gpu.MOSAIC_FLASH_VARIANTS == [v for v in gpu.FLASH_VARIANTS if "dense" not in v]

@@ -59,6 +59,15 @@ CASES = [
     Case("causal_short_q_bias_rel", lq=24, lk=40, causal=True, rel="causal", bias=(2, 1)),
     Case("tpu_prefix_packed_rel_bias", b=1, lq=35, lk=35, h=2, hkv=1, causal=True, prefix=True,
          segments="packed", rel="causal", bias=(1, 2), backend="mosaic_tpu"),
+    # The Hopper forward under Pallas' GPU interpreter (warpgroups, TMA, barriers simulated):
+    # more than two k blocks of 64 so the two-slot ring wraps, and a CTA's two q halves.
+    Case("mgpu_causal_mqa_packed_rel", dtype="bfloat16", b=1, lq=200, lk=200, h=2, hkv=1,
+         d=64, causal=True, segments="packed", rel="causal", backend="mosaic_gpu"),
+    Case("mgpu_prefix_padding_rel", dtype="bfloat16", b=1, lq=150, lk=150, h=2, hkv=2, d=40,
+         causal=True, prefix=True, segments="padding", rel="causal", sm_scale=0.125,
+         backend="mosaic_gpu"),
+    Case("mgpu_cross_gqa_rel_kv_padding", dtype="bfloat16", b=1, lq=100, lk=190, h=2, hkv=1,
+         d=128, segments="kv_only", rel="bidirectional", backend="mosaic_gpu"),
 ]
 
 
@@ -118,9 +127,12 @@ def _vjp(fn, qkv, floats, do):
 def _run_case(case: Case, seed: int) -> dict[str, np.ndarray]:
     qkv, do, floats, ints = _make(case, seed)
 
+    # Mosaic GPU takes 128-row q blocks (two warpgroups); its backward (Triton) keeps 16.
+    blocks = ({"bwd_block_q": 16, "bwd_block_k": 16} if case.backend == "mosaic_gpu"
+              else {"block_q": 16, "block_k": 16})
+
     def kernel(q, k, v, fl):
-        return flash_attention(q, k, v, **fl, **ints, block_q=16, block_k=16,
-                               backend=case.backend)
+        return flash_attention(q, k, v, **fl, **ints, **blocks, backend=case.backend)
 
     def xla(q, k, v, fl):
         return reference_attention(q, k, v, **fl, **ints)
@@ -163,6 +175,22 @@ def test_tpu_backend_under_force_interpret_mode(test_seed: int) -> None:
                               block_q=16, block_k=16)
     want = reference_attention(q, k, v, causal=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=F32_ATOL, err_msg=f"{seed}")
+
+
+def test_mosaic_gpu_forward_has_no_data_races(test_seed: int) -> None:
+    """The Hopper forward's TMA ring under the GPU interpreter's happens-before race detector:
+    no slot is refilled while a compute warpgroup may still read it (the interpreter also fails
+    any barrier phase completed twice before a waiter observed it)."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call, params
+
+    rng = np.random.default_rng(test_seed)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 200, 2, 64)), jnp.bfloat16) for _ in range(3))
+    detect = params.InterpretGPUParams(detect_races=True)
+    with params.force_gpu_interpret_mode(detect):
+        out = flash_attention(q, k, v, causal=True, backend="mosaic_gpu")
+        out.block_until_ready()
+    assert not interpret_pallas_call.get_races().races_found, f"seed={test_seed}"
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))  # values: test_matches_f64_reference
 
 
 def test_skipped_blocks_are_never_read(test_seed: int) -> None:
@@ -212,6 +240,15 @@ INVALID = [
         kv_segment_ids=jnp.ones((1, 8), jnp.int32))),
     ("power of two", lambda: flash_attention(*_qkv(), block_q=24)),
     ("unknown backend", lambda: flash_attention(*_qkv(), backend="cuda")),
+    ("'mosaic_gpu' cannot run this call: it takes bfloat16", lambda: flash_attention(
+        *_qkv(), backend="mosaic_gpu")),
+    ("'mosaic_gpu' cannot run this call: a dense bias", lambda: flash_attention(
+        *_qkv(dtype=jnp.bfloat16), bias=jnp.zeros((1, 2, 8, 8)), backend="mosaic_gpu")),
+    ("'mosaic_gpu' cannot run this call: its tiles need 298,496 B", lambda: flash_attention(
+        *_qkv(lq=256, lk=256, d=128, dtype=jnp.bfloat16), causal=True, block_k=128,
+        rel_bias=jnp.zeros((32, 2)), prefix_mask=jnp.ones((1, 256), bool),
+        q_segment_ids=jnp.ones((1, 256), jnp.int32), kv_segment_ids=jnp.ones((1, 256), jnp.int32),
+        backend="mosaic_gpu")),
 ]
 
 
