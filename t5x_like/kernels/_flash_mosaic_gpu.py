@@ -127,17 +127,22 @@ class _Ops:
         return acc + pl.run_scoped(run, plgpu.ACC(acc.shape, jnp.float32))
 
 
+def _causal_end(cfg: FlashConfig, r: dict, b, q0, rows: int) -> jax.Array:
+    """One past the last k block that query rows [q0, q0 + rows) can see under a causal mask:
+    the diagonal's block, or the prefix's last when the rows start inside the prefix."""
+    hi = (q0 + rows - 1) // cfg.block_k + 1
+    if cfg.has_prefix:
+        plen = r["plen"][b]
+        hi = jnp.where(q0 < plen, jnp.maximum(hi, (plen + cfg.block_k - 1) // cfg.block_k), hi)
+    return jnp.minimum(hi, cfg.nk)
+
+
 def _k_range(cfg: FlashConfig, r: dict, b, i) -> tuple[jax.Array, jax.Array]:
-    """[lo, hi) k blocks the CTA of q block i visits: up to the diagonal (or the prefix's end)
+    """[lo, hi) k blocks the CTA of q block i streams: up to the diagonal (or the prefix's end)
     when causal, within the blocks sharing a segment with it (`_segment_block_ranges`)."""
     lo, hi = jnp.int32(0), jnp.int32(cfg.nk)
     if cfg.causal:
-        q0 = i * cfg.block_q
-        hi = (q0 + cfg.block_q - 1) // cfg.block_k + 1
-        if cfg.has_prefix:
-            plen = r["plen"][b]
-            hi = jnp.where(q0 < plen, jnp.maximum(hi, (plen + cfg.block_k - 1) // cfg.block_k), hi)
-        hi = jnp.minimum(hi, cfg.nk)
+        hi = _causal_end(cfg, r, b, i * cfg.block_q, cfg.block_q)
     if cfg.has_seg:
         lo, hi = r["klo"][b, i], jnp.minimum(hi, r["khi"][b, i])
     return lo, jnp.maximum(hi, lo)
@@ -275,10 +280,20 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         plgpu.barrier_arrive(bars["free"].at[slot])
         return m_new, denom, acc
 
+    def drain(j, carry):  # a block this warpgroup's rows cannot see: release it unread
+        slot = lax.rem(j - lo, jnp.int32(s))
+        for name in _streams(cfg):
+            plgpu.barrier_wait(bars[name].at[slot])
+        plgpu.barrier_arrive(bars["free"].at[slot])
+        return carry
+
     init = (ops.layout(jnp.full((ROWS,), NEG_INF, jnp.float32), row_layout),
             ops.layout(jnp.zeros((ROWS,), jnp.float32), row_layout),
             ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA))
-    m, denom, acc = lax.fori_loop(lo, hi, step, init)
+    # Causal: the first warpgroup's rows end a block earlier than the CTA's (block_k = 64).
+    own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
+    m, denom, acc = lax.fori_loop(lo, own_hi, step, init)
+    lax.fori_loop(own_hi, hi, drain, 0)
     empty = denom == 0.0
     denom = jnp.where(empty, 1.0, denom)
     q_smem[...] = (acc * lax.broadcast_in_dim(1.0 / denom, acc.shape, [0])).astype(dtype)
