@@ -4,10 +4,11 @@
 Compiles (deviceless, no GPU needed) the forward, dK/dV and dQ Triton kernels at the DEFAULT
 blocks of `flash_attention.GPU_BLOCKS` for each arch x head_dim x variant (by default every GPU
 generation in the table and every feature combination the public API reaches,
-`t5x_like.aot.gpu.FLASH_VARIANTS`), and for sm_90 also the Hopper forward (`backend='mosaic_gpu'`,
-every variant without a dense bias); prints a table and exits 1 naming every kernel that failed to
-compile, spills registers, exceeds the arch's shared memory, or has no cp.async / TMA loads (its
-k loop is not software-pipelined), and a Hopper kernel without wgmma.
+`t5x_like.aot.gpu.FLASH_VARIANTS`), and for sm_90 also the Hopper kernels
+(`backend='mosaic_gpu'`: forward and dK/dV, every variant without a dense bias); prints a table
+and exits 1 naming every kernel that failed to compile, spills registers, exceeds the arch's
+shared memory, or has no cp.async / TMA loads (its k loop is not software-pipelined), and a
+Hopper kernel without wgmma.
 
     JAX_PLATFORMS=cpu /tmp/aotvenv/bin/python scripts/check_gpu_kernels.py
 """
@@ -57,9 +58,10 @@ def check(arch: str, head_dim: int, variants: list[str], seq_len: int,
             rows.append((arch, head_dim, variant, name.removeprefix("t5x_like_flash_"), k,
                          "FAIL" if bad else "ok"))
         print(f"[{time.time() - t0:5.0f}s] {where}", flush=True)
-    if target.compute_capability >= (9, 0):  # the Hopper forward (Mosaic GPU, sm_90a)
+    if target.compute_capability >= (9, 0):  # the Hopper kernels (Mosaic GPU, sm_90a)
         for variant in [v for v in variants if v in gpu.MOSAIC_FLASH_VARIANTS]:
-            fn, fargs = gpu.mosaic_forward_fn(variant, head_dim, devices, seq_len=seq_len)
+            fn, fargs = gpu.flash_grad_fn(variant, head_dim, devices, seq_len=seq_len,
+                                          backend="mosaic_gpu")
             where = f"{arch} d={head_dim} {variant} (mosaic_gpu)"
             try:
                 with flash.compile_target("gpu", arch):
@@ -73,8 +75,8 @@ def check(arch: str, head_dim: int, variants: list[str], seq_len: int,
                 bad += [] if k.get("wgmma") else ["no wgmma"]
                 if bad:
                     failures.append(f"{where} {name}: " + "; ".join(bad))
-                rows.append((arch, head_dim, variant, "fwd_hopper (mosaic_gpu)", k,
-                             "FAIL" if bad else "ok"))
+                short = name.removeprefix("t5x_like_flash_").removesuffix("_mosaic_gpu_kernel")
+                rows.append((arch, head_dim, variant, short, k, "FAIL" if bad else "ok"))
             print(f"[{time.time() - t0:5.0f}s] {where}", flush=True)
     return rows, failures
 

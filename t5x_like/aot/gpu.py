@@ -416,8 +416,9 @@ FLASH_VARIANTS = {
 }
 
 
-#: The Hopper (Mosaic GPU) forward's kernel, and the variants it takes (no dense bias).
-MOSAIC_FLASH_KERNELS = ("t5x_like_flash_fwd_hopper_mosaic_gpu_kernel",)
+#: The Hopper (Mosaic GPU) kernels, forward and dK/dV, and the variants they take (no dense bias).
+MOSAIC_FLASH_KERNELS = ("t5x_like_flash_fwd_hopper_mosaic_gpu_kernel",
+                        "t5x_like_flash_bwd_dkdv_hopper_mosaic_gpu_kernel")
 MOSAIC_FLASH_VARIANTS = [v for v, (_, _, _, dense) in FLASH_VARIANTS.items() if not dense]
 
 
@@ -457,29 +458,20 @@ def _flash_call(variant: str, head_dim: int, devices: list, backend: str, seq_le
 
 
 def flash_grad_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 1024,
-                  batch: int = 2, heads: int = 8, num_buckets: int = 32):
+                  batch: int = 2, heads: int = 8, num_buckets: int = 32,
+                  backend: str = "triton"):
     """(jitted grad of sum(flash_attention(...)), ShapeDtypeStruct args) for one variant.
 
-    bf16 q/k/v [batch, seq_len, heads, head_dim] on `devices[0]`; backend 'triton' explicitly so
-    the host's backend does not matter. Blocks come from the defaults of the `compile_target`
-    in effect (wrap the `.lower` in `with compile_target("gpu", arch)`).
+    bf16 q/k/v [batch, seq_len, heads, head_dim] on `devices[0]`; the backend explicitly
+    ('triton', or 'mosaic_gpu' for the Hopper kernels) so the host's does not matter. Blocks
+    come from the defaults of the `compile_target` in effect (wrap the `.lower` in
+    `with compile_target("gpu", arch)`).
     """
     import jax
     import jax.numpy as jnp
 
-    call, args, names = _flash_call(variant, head_dim, devices, "triton", seq_len, batch, heads,
+    call, args, names = _flash_call(variant, head_dim, devices, backend, seq_len, batch, heads,
                                     num_buckets)
     diff = [i for i, n in enumerate(names) if n in ("q", "k", "v", "rel_bias", "bias")]
     loss = lambda *xs: jnp.sum(call(*xs).astype(jnp.float32))  # noqa: E731
     return jax.jit(jax.grad(loss, argnums=tuple(diff))), args
-
-
-def mosaic_forward_fn(variant: str, head_dim: int, devices: list, *, seq_len: int = 1024,
-                      batch: int = 2, heads: int = 8, num_buckets: int = 32):
-    """(jitted flash_attention forward with backend 'mosaic_gpu', ShapeDtypeStruct args): the
-    Hopper kernel alone (its backward is the Triton one `flash_grad_fn` checks)."""
-    import jax
-
-    call, args, _ = _flash_call(variant, head_dim, devices, "mosaic_gpu", seq_len, batch, heads,
-                                num_buckets)
-    return jax.jit(call), args

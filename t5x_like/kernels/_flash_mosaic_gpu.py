@@ -32,9 +32,13 @@ registers (there a wgmma operand must be a ref); layouts are not cast.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels import _flash_triton
 from t5x_like.kernels._flash_common import NEG_INF, FlashConfig
 
@@ -101,27 +106,31 @@ class _Ops:
             return lax.broadcasted_iota(jnp.int32, shape, dim)
         return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
-    def k_operand(self, k_slot):
-        """kᵀ [D, block_k] for q kᵀ: the interpreter's K slot already holds kᵀ."""
-        return k_slot if self.interpret else plgpu.transpose_ref(k_slot, (1, 0))
+    def transposed(self, smem: dict, name: str, slot):
+        """The slot's tile of stream `name`, transposed: a view of it when compiled; the
+        interpreter streams the transpose itself, as `name + "t"`."""
+        if self.interpret:
+            return smem[name + "t"].at[slot]
+        return plgpu.transpose_ref(smem[name].at[slot], (1, 0))
 
-    def scores(self, q_smem, k_slot, block_k: int) -> jax.Array:
-        """q kᵀ [64, block_k] f32."""
+    def scores(self, a_smem, bt, n: int) -> jax.Array:
+        """a bᵀ [64, n] f32 from a [64, D] in shared memory and bᵀ [D, n] (`transposed`)."""
 
         def run(acc):
-            plgpu.wgmma(acc, q_smem, self.k_operand(k_slot))
+            plgpu.wgmma(acc, a_smem, bt)
             return acc[...]
 
-        return pl.run_scoped(run, plgpu.ACC((ROWS, block_k), jnp.float32))
+        return pl.run_scoped(run, plgpu.ACC((ROWS, n), jnp.float32))
 
-    def add_pv(self, acc: jax.Array, p: jax.Array, v_slot, p_smem) -> jax.Array:
-        """acc + p v, p [64, block_k] in v's dtype, v [block_k, D]."""
-        if not self.interpret:  # accumulate in place, p from registers
-            return pl.run_state(lambda ref: plgpu.wgmma(ref, p, v_slot))(plgpu.ACC.init(acc))
-        p_smem[...] = p
+    def mma_acc(self, acc: jax.Array, a: jax.Array, b_ref, a_smem) -> jax.Array:
+        """acc + a b: a [64, n] in b's dtype (registers), b [n, D] in shared memory. The
+        interpreter takes wgmma operands from refs only: there `a` goes through `a_smem`."""
+        if not self.interpret:  # accumulate in place
+            return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
+        a_smem[...] = a
 
         def run(ref):
-            plgpu.wgmma(ref, p_smem, v_slot)
+            plgpu.wgmma(ref, a_smem, b_ref)
             return ref[...]
 
         return acc + pl.run_scoped(run, plgpu.ACC(acc.shape, jnp.float32))
@@ -148,10 +157,10 @@ def _k_range(cfg: FlashConfig, r: dict, b, i) -> tuple[jax.Array, jax.Array]:
     return lo, jnp.maximum(hi, lo)
 
 
-def _streams(cfg: FlashConfig) -> list[str]:
-    """The per-k-block tiles the producer streams, in issue order."""
-    return (["k", "v"] + (["rel"] if cfg.has_rel else []) + (["kseg"] if cfg.has_seg else [])
-            + (["pk"] if cfg.has_prefix else []))
+def _streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
+    """The per-k-block tiles the forward's producer streams."""
+    return (["v", "kt" if ops.interpret else "k"] + (["rel"] if cfg.has_rel else [])
+            + (["kseg"] if cfg.has_seg else []) + (["pk"] if cfg.has_prefix else []))
 
 
 def _scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
@@ -160,7 +169,8 @@ def _scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
     tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     smem = {
         "q": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),  # then o
-        "k": plgpu.SMEM((s, d, bk) if ops.interpret else (s, bk, d), dtype, transforms=tiled),
+        "kt" if ops.interpret else "k": plgpu.SMEM(
+            (s, d, bk) if ops.interpret else (s, bk, d), dtype, transforms=tiled),
         "v": plgpu.SMEM((s, bk, d), dtype, transforms=tiled),
         "lse": plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
     }
@@ -177,42 +187,60 @@ def _scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
         smem["p"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
     own = ["q"] + (["qseg"] if cfg.has_seg else []) + (["pq"] if cfg.has_prefix else [])
     barriers = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
-    barriers.update({n: plgpu.Barrier(num_barriers=s) for n in _streams(cfg)})
+    barriers.update({n: plgpu.Barrier(num_barriers=s) for n in _streams(cfg, ops)})
     barriers["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=s)
     return smem, barriers
 
 
-def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, ops: _Ops):
-    """Streams k blocks [lo, hi) into the slots, each once both compute warpgroups freed it."""
+def _produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: _Ops) -> None:
+    """The producer warpgroup: for each step j in [lo, hi), TMA `sources[name](j)` into slot
+    (j - lo) % stages of `smem[name]` (completing `bars[name]` of that slot) once both compute
+    warpgroups have freed the slot; at the end, wait for each slot's last use (so every phase
+    of the "free" barriers is observed)."""
     if not ops.interpret:
         plgpu.set_max_registers(40, action="decrease")
-    s, bk = cfg.num_stages, cfg.block_k
-    hk = lax.div(h, jnp.int32(cfg.group))
 
     @pl.loop(lo, hi)
     def _(j):
         n = j - lo
-        slot = lax.rem(n, jnp.int32(s))
+        slot = lax.rem(n, jnp.int32(stages))
 
-        @pl.when(n >= s)
+        @pl.when(n >= stages)
         def _():
             plgpu.barrier_wait(bars["free"].at[slot])
 
-        k0 = j * bk
-        ks = pl.ds(k0, bk)
-        src = {"v": r["v"].at[b, ks, hk]}
-        src["k"] = r["kt"].at[b, hk, :, ks] if ops.interpret else r["k"].at[b, ks, hk]
-        if cfg.has_rel:  # the band's columns for offsets k - q of this tile
-            src["rel"] = r["relband"].at[h, :, pl.ds(k0 - i * cfg.block_q + cfg.lq_pad, bk)]
-        if cfg.has_seg:
-            src["kseg"] = r["kseg"].at[b, ks]
-        if cfg.has_prefix:
-            src["pk"] = r["pk"].at[b, ks]
-        for name in _streams(cfg):
-            plgpu.copy_gmem_to_smem(src[name], smem[name].at[slot], bars[name].at[slot])
+        for name, src in sources.items():
+            plgpu.copy_gmem_to_smem(src(j), smem[name].at[slot], bars[name].at[slot])
 
-    for slot in range(s):  # wait for the last use of each slot (every phase is observed)
+    for slot in range(stages):
         pl.when(hi - lo > slot)(functools.partial(plgpu.barrier_wait, bars["free"].at[slot]))
+
+
+def _load_own(smem: dict, bars: dict, sources: dict, wg) -> None:
+    """A compute warpgroup's own tiles (loaded once): TMA each, then wait for all."""
+    for name, src in sources.items():
+        plgpu.copy_gmem_to_smem(src, smem[name].at[wg], bars[f"own_{name}"].at[wg])
+    for name in sources:
+        plgpu.barrier_wait(bars[f"own_{name}"].at[wg])
+
+
+def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, ops: _Ops):
+    """The forward's producer: k blocks [lo, hi)."""
+    bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
+    ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
+    sources = {"v": lambda j: r["v"].at[b, ks(j), hk]}
+    if ops.interpret:
+        sources["kt"] = lambda j: r["kt"].at[b, hk, :, ks(j)]
+    else:
+        sources["k"] = lambda j: r["k"].at[b, ks(j), hk]
+    if cfg.has_rel:  # the band's columns for offsets k - q of this tile
+        sources["rel"] = lambda j: r["relband"].at[
+            h, :, pl.ds(j * bk - i * cfg.block_q + cfg.lq_pad, bk)]
+    if cfg.has_seg:
+        sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
+    if cfg.has_prefix:
+        sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
+    _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
 
 
 def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg, ops: _Ops):
@@ -228,41 +256,39 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         own["qseg"] = r["qseg"].at[b, rows]
     if cfg.has_prefix:
         own["pq"] = r["pq"].at[b, rows]
-    for name, src in own.items():
-        plgpu.copy_gmem_to_smem(src, smem[name].at[wg], bars[f"own_{name}"].at[wg])
-    for name in own:
-        plgpu.barrier_wait(bars[f"own_{name}"].at[wg])
+    _load_own(smem, bars, own, wg)
     row_layout, col_layout = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
     shape = (ROWS, bk)
     rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
     cols_of = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
-    q_idx = ops.iota(shape, 0) + q0 if cfg.causal else None
-    qseg = rows_of(ops.load(smem["qseg"].at[wg], row_layout)) if cfg.has_seg else None
-    pq = rows_of(ops.load(smem["pq"].at[wg], row_layout)) if cfg.has_prefix else None
+    # Row vectors, broadcast to the tile inside the loop (a [64, block_k] int tile held across
+    # the loop costs 32-64 registers a thread).
+    qseg = ops.load(smem["qseg"].at[wg], row_layout) if cfg.has_seg else None
+    pq = ops.load(smem["pq"].at[wg], row_layout) if cfg.has_prefix else None
     q_smem = smem["q"].at[wg]
     scale = cfg.sm_scale * LOG2E
 
     def step(j, carry):
         m, denom, acc = carry
         slot = lax.rem(j - lo, jnp.int32(s))
-        for name in _streams(cfg):
+        for name in _streams(cfg, ops):
             if name != "v":
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = ops.scores(q_smem, smem["k"].at[slot], bk) * scale
+        x = ops.scores(q_smem, ops.transposed(smem, "k", slot), bk) * scale
         if cfg.has_rel:
             x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
                              plgpu.Layout.WGMMA) * LOG2E
         allowed = None
         if cfg.has_seg:
             kseg = cols_of(ops.load(smem["kseg"].at[slot], col_layout))
-            allowed = (qseg == kseg) & (qseg != 0)
+            allowed = (rows_of(qseg) == kseg) & (kseg != 0)
         if cfg.causal or cfg.kv_pad_mask:
             k_idx = ops.iota(shape, 1) + j * bk
         if cfg.causal:
-            visible = k_idx <= q_idx
+            visible = k_idx <= ops.iota(shape, 0) + q0
             if cfg.has_prefix:
                 pk = cols_of(ops.load(smem["pk"].at[slot], col_layout))
-                visible = visible | ((pq != 0) & (pk != 0))
+                visible = visible | ((rows_of(pq) != 0) & (pk != 0))
             allowed = visible if allowed is None else allowed & visible
         if cfg.kv_pad_mask:
             allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
@@ -275,14 +301,14 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         denom = denom * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         plgpu.barrier_wait(bars["v"].at[slot])
-        acc = ops.add_pv(acc, p.astype(dtype), smem["v"].at[slot],
-                         smem["p"].at[wg] if ops.interpret else None)
+        acc = ops.mma_acc(acc, p.astype(dtype), smem["v"].at[slot],
+                          smem["p"].at[wg] if ops.interpret else None)
         plgpu.barrier_arrive(bars["free"].at[slot])
         return m_new, denom, acc
 
     def drain(j, carry):  # a block this warpgroup's rows cannot see: release it unread
         slot = lax.rem(j - lo, jnp.int32(s))
-        for name in _streams(cfg):
+        for name in _streams(cfg, ops):
             plgpu.barrier_wait(bars[name].at[slot])
         plgpu.barrier_arrive(bars["free"].at[slot])
         return carry
@@ -318,6 +344,31 @@ def _kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
     pl.run_scoped(body, *_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
 
 
+_INTERPRET_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "t5x_like_mosaic_gpu_interpret_options", default=None)
+
+
+@contextlib.contextmanager
+def interpreter_options(**options: Any) -> Iterator[None]:
+    """Inside the block, this backend's kernels that run in interpret mode get these
+    `InterpretGPUParams` fields, e.g. `detect_races=True` (the tests' race check; the Triton
+    kernels of the same call are untouched, unlike under jax's `force_gpu_interpret_mode`)."""
+    token = _INTERPRET_OPTIONS.set(options)
+    try:
+        yield
+    finally:
+        _INTERPRET_OPTIONS.reset(token)
+
+
+def _call_params(ops: _Ops) -> dict:
+    """`plgpu.kernel` keywords: the GPU interpreter, or the compiler's fast exp2."""
+    if ops.interpret:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+        return {"interpret": InterpretGPUParams(**(_INTERPRET_OPTIONS.get() or {}))}
+    return {"compiler_params": plgpu.CompilerParams(approx_math=True)}
+
+
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32, as `_flash_triton.forward`."""
     reason = unsupported(cfg, q.dtype)
@@ -339,23 +390,243 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
         args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
     names = list(args)
     batch = q.shape[0]
-    params = {}
-    if ops.interpret:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-        params["interpret"] = InterpretGPUParams()
-    else:
-        params["compiler_params"] = plgpu.CompilerParams(approx_math=True)
     call = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, names=names, ops=ops),
         out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype),
                   jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)),
         grid=(cfg.num_heads, cfg.nq, batch), grid_names=("h", "q", "b"),
         num_threads=COMPUTE_WGS + 1, thread_name="wg", kernel_name="t5x_like_flash_fwd_hopper",
-        **params)
+        **_call_params(ops))
+    return call(*args.values())
+
+
+# ---- backward: dK/dV -------------------------------------------------------------------------
+DKDV_KEYS = BLOCK_Q  # keys per dK/dV CTA: two compute warpgroups of 64
+
+
+def _dkdv_cfg(cfg: FlashConfig) -> FlashConfig:
+    """`cfg` with the dK/dV kernel's blocks: 128 keys per CTA and streamed tiles of 64 query
+    rows, 32 at head_dim 128 (the dK and dV accumulators then hold 128 of a thread's registers;
+    with 64 rows the prefix-LM variants spilled)."""
+    return dataclasses.replace(cfg, block_q=64 if cfg.head_dim_pad <= 64 else 32,
+                               block_k=DKDV_KEYS)
+
+
+def _rel_bands_t(cfg: FlashConfig, table: jax.Array) -> jax.Array:
+    """The T5 bias bands with keys as rows, `[H, 128, W]` f32: relbandT[h, i, x] =
+    table[h, bucket(i + lk_pad - x)], so the bias of keys k0 + i and queries q0 + j is the
+    block relbandT[h, :, c:c + 64] with c = q0 - k0 + lk_pad (offset k - q = k0 + i - q0 - j)."""
+    width = _flash_triton._offset_row_width(cfg)
+    x = jnp.arange(width, dtype=jnp.int32)[None, :]
+    rel = jnp.arange(DKDV_KEYS, dtype=jnp.int32)[:, None] + cfg.lk_pad - x
+    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
+    return jnp.take(table.astype(jnp.float32), bucket.reshape(DKDV_KEYS, width), axis=1)
+
+
+def _q_range(cfg: FlashConfig, r: dict, b, j) -> tuple[jax.Array, jax.Array]:
+    """[lo, hi) q blocks the dK/dV CTA of k block j streams: from the first whose rows see its
+    keys when causal (0 when its keys start inside a prefix), within the blocks sharing a
+    segment with it."""
+    lo, hi = jnp.int32(0), jnp.int32(cfg.nq)
+    if cfg.causal:
+        lo = _causal_start(cfg, r, b, j * cfg.block_k)
+    if cfg.has_seg:
+        lo, hi = jnp.maximum(lo, r["qlo"][b, j]), r["qhi"][b, j]
+    return lo, jnp.maximum(hi, lo)
+
+
+def _causal_start(cfg: FlashConfig, r: dict, b, k0) -> jax.Array:
+    """First q block whose rows can see key k0 under a causal mask (0 inside the prefix)."""
+    lo = k0 // cfg.block_q
+    if cfg.has_prefix:
+        lo = jnp.where(k0 < r["plen"][b], 0, lo)
+    return lo
+
+
+def _dkdv_streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
+    """The per-q-block tiles the dK/dV producer streams."""
+    return (["q", "do", "lse", "delta"] + (["qt", "dot"] if ops.interpret else [])
+            + (["rel"] if cfg.has_rel else []) + (["qseg"] if cfg.has_seg else [])
+            + (["pq"] if cfg.has_prefix else []))
+
+
+def _dkdv_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
+    s, bq, d = cfg.num_stages, cfg.block_q, cfg.head_dim_pad
+    # dK += dSᵀ q contracts over the tile's bq rows: a swizzle of at most bq 16-bit elements,
+    # and wgmma wants the same swizzle on both operands of kqᵀ and v dOᵀ.
+    tiled = (plgpu.TilingTransform((8, bq)), plgpu.SwizzleTransform(2 * bq))
+    smem = {"k": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),
+            "v": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),
+            "q": plgpu.SMEM((s, bq, d), dtype, transforms=tiled),
+            "do": plgpu.SMEM((s, bq, d), dtype, transforms=tiled),
+            "lse": plgpu.SMEM((s, bq), jnp.float32), "delta": plgpu.SMEM((s, bq), jnp.float32)}
+    own = ["k", "v"]
+    if ops.interpret:
+        smem["qt"] = plgpu.SMEM((s, d, bq), dtype)
+        smem["dot"] = plgpu.SMEM((s, d, bq), dtype)
+        smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bq), dtype)
+    if cfg.has_rel:
+        smem["rel"] = plgpu.SMEM((s, DKDV_KEYS, bq), jnp.float32, transforms=(
+            plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128)))
+    if cfg.has_seg:
+        smem["qseg"] = plgpu.SMEM((s, bq), jnp.int32)
+        smem["kseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
+        own.append("kseg")
+    if cfg.has_prefix:
+        smem["pq"] = plgpu.SMEM((s, bq), jnp.int32)
+        smem["pk"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
+        own.append("pk")
+    bars = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
+    bars.update({n: plgpu.Barrier(num_barriers=s) for n in _dkdv_streams(cfg, ops)})
+    bars["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=s)
+    return smem, bars
+
+
+def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, lo, hi, wg,
+                   ops: _Ops):
+    """dK, dV of the warpgroup's 64 keys over q blocks [lo, hi), in the transposed frame (keys
+    as rows, so no operand is transposed in registers):
+
+        sᵀ = k qᵀ·scale + biasᵀ;  pᵀ = 2^(sᵀ·log2 e - lse·log2 e);  dV += pᵀ dO
+        dPᵀ = v dOᵀ;  dSᵀ = pᵀ (dPᵀ - Δ);  dK += dSᵀ q (· scale at the end)
+    """
+    if not ops.interpret:
+        plgpu.set_max_registers(232, action="increase")
+    bq, d, s = cfg.block_q, cfg.head_dim_pad, cfg.num_stages
+    dtype = r["q"].dtype
+    k0 = j * cfg.block_k + wg * ROWS
+    keys, hk = pl.ds(k0, ROWS), lax.div(h, jnp.int32(cfg.group))
+    own = {"k": r["k"].at[b, keys, hk], "v": r["v"].at[b, keys, hk]}
+    if cfg.has_seg:
+        own["kseg"] = r["kseg"].at[b, keys]
+    if cfg.has_prefix:
+        own["pk"] = r["pk"].at[b, keys]
+    _load_own(smem, bars, own, wg)
+    row_layout, col_layout = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+    shape = (ROWS, bq)
+    rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
+    cols_of = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
+    kseg = ops.load(smem["kseg"].at[wg], row_layout) if cfg.has_seg else None  # broadcast
+    pk = ops.load(smem["pk"].at[wg], row_layout) if cfg.has_prefix else None  # in the loop
+    a_smem = smem["a"].at[wg] if ops.interpret else None
+    scale = cfg.sm_scale * LOG2E
+    streams = _dkdv_streams(cfg, ops)
+
+    def step(i, carry):
+        dk, dv = carry
+        slot = lax.rem(i - lo, jnp.int32(s))
+        for name in streams:
+            if name not in ("do", "dot", "delta"):
+                plgpu.barrier_wait(bars[name].at[slot])
+        x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq) * scale
+        if cfg.has_rel:
+            x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
+                             plgpu.Layout.WGMMA) * LOG2E
+        allowed = None
+        if cfg.has_seg:
+            qseg = cols_of(ops.load(smem["qseg"].at[slot], col_layout))
+            allowed = (rows_of(kseg) == qseg) & (qseg != 0)
+        if cfg.causal or cfg.kv_pad_mask:
+            k_idx = ops.iota(shape, 0) + k0
+        if cfg.causal:
+            visible = k_idx <= ops.iota(shape, 1) + i * bq
+            if cfg.has_prefix:
+                pq = cols_of(ops.load(smem["pq"].at[slot], col_layout))
+                visible = visible | ((pq != 0) & (rows_of(pk) != 0))
+            allowed = visible if allowed is None else allowed & visible
+        if cfg.kv_pad_mask:
+            allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
+        if allowed is not None:
+            x = jnp.where(allowed, x, NEG_INF)
+        p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout) * LOG2E))
+        for name in ("do", "dot", "delta"):
+            if name in streams:
+                plgpu.barrier_wait(bars[name].at[slot])
+        dv = ops.mma_acc(dv, p.astype(dtype), smem["do"].at[slot], a_smem)
+        dp = ops.scores(smem["v"].at[wg], ops.transposed(smem, "do", slot), bq)
+        ds = p * (dp - cols_of(ops.load(smem["delta"].at[slot], col_layout)))
+        dk = ops.mma_acc(dk, ds.astype(dtype), smem["q"].at[slot], a_smem)
+        plgpu.barrier_arrive(bars["free"].at[slot])
+        return dk, dv
+
+    def drain(i, carry):  # a block these keys' rows cannot see: release it unread
+        slot = lax.rem(i - lo, jnp.int32(s))
+        for name in streams:
+            plgpu.barrier_wait(bars[name].at[slot])
+        plgpu.barrier_arrive(bars["free"].at[slot])
+        return carry
+
+    zeros = ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
+    # Causal: the second warpgroup's keys start a q block later than the CTA's.
+    own_lo = jnp.clip(_causal_start(cfg, r, b, k0), lo, hi) if cfg.causal else lo
+    lax.fori_loop(lo, own_lo, drain, 0)
+    dk, dv = lax.fori_loop(own_lo, hi, step, (zeros, zeros))
+    r["dk"].at[b, keys, h][...] = dk * cfg.sm_scale if cfg.sm_scale != 1.0 else dk
+    r["dv"].at[b, keys, h][...] = dv
+
+
+def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
+    r = dict(zip(names + ["dk", "dv"], refs, strict=True))
+    b, h, j = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("k")
+    lo, hi = _q_range(cfg, r, b, j)
+
+    def body(smem, bars):
+        wg = lax.axis_index("wg")
+        pl.when(wg < COMPUTE_WGS)(
+            lambda: _dkdv_consumer(cfg, r, smem, bars, b, h, j, lo, hi, wg, ops))
+
+        @pl.when(wg == COMPUTE_WGS)
+        def _():
+            bq = cfg.block_q
+            rows = lambda i: pl.ds(i * bq, bq)  # noqa: E731
+            sources = {"q": lambda i: r["q"].at[b, rows(i), h],
+                       "do": lambda i: r["do"].at[b, rows(i), h],
+                       "lse": lambda i: r["lse"].at[b, h, rows(i)],
+                       "delta": lambda i: r["delta"].at[b, h, rows(i)]}
+            if ops.interpret:
+                sources["qt"] = lambda i: r["qt"].at[b, h, :, rows(i)]
+                sources["dot"] = lambda i: r["dot"].at[b, h, :, rows(i)]
+            if cfg.has_rel:  # the transposed band's columns for offsets k - q of this tile
+                sources["rel"] = lambda i: r["relbandt"].at[
+                    h, :, pl.ds(i * bq - j * cfg.block_k + cfg.lk_pad, bq)]
+            if cfg.has_seg:
+                sources["qseg"] = lambda i: r["qseg"].at[b, rows(i)]
+            if cfg.has_prefix:
+                sources["pq"] = lambda i: r["pq"].at[b, rows(i)]
+            _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
+
+    pl.run_scoped(body, *_dkdv_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
+
+
+def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Array, jax.Array]:
+    """dK, dV per q head, `[B, Lk_pad, H, Dp]` f32 (as `_flash_triton.backward`'s)."""
+    ops = _Ops(cfg.interpret)
+    args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta}
+    if ops.interpret:
+        args["qt"] = jnp.transpose(q, (0, 2, 3, 1))  # [B, H, D, Lq]
+        args["dot"] = jnp.transpose(do, (0, 2, 3, 1))
+    if cfg.has_rel:
+        args["relbandt"] = _rel_bands_t(cfg, side["tab"])
+    if cfg.has_seg:
+        args.update(qseg=side["qseg"], kseg=side["kseg"])
+        bounds = _flash_triton._segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        args.update(qlo=bounds["qlo"], qhi=bounds["qhi"])
+    if cfg.has_prefix:
+        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    names = list(args)
+    per_head = jax.ShapeDtypeStruct((q.shape[0], cfg.lk_pad, cfg.num_heads, cfg.head_dim_pad),
+                                    jnp.float32)
+    call = plgpu.kernel(
+        functools.partial(_dkdv_kernel, cfg=cfg, names=names, ops=ops),
+        out_type=(per_head, per_head), grid=(cfg.num_heads, cfg.nk, q.shape[0]),
+        grid_names=("h", "k", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
+        kernel_name="t5x_like_flash_bwd_dkdv_hopper", **_call_params(ops))
     return call(*args.values())
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """The Triton backward (same residuals): see `_flash_triton.backward`."""
-    return _flash_triton.backward(cfg, q, k, v, side, o, lse, do)
+    """`_flash_triton.backward`'s contract: dK/dV from the Hopper kernel, dQ (and the table and
+    dense-bias gradients) from the Triton dQ kernel."""
+    dq, _, _, dtab, dbias = _flash_triton.backward(cfg, q, k, v, side, o, lse, do, dkdv=False)
+    dk, dv = _dkdv(_dkdv_cfg(cfg), q, k, v, side, lse, _flash_triton.delta_of(o, do), do)
+    return dq, dk, dv, dtab, dbias

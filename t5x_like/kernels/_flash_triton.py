@@ -354,24 +354,32 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         r["dtab"][...] = jnp.sum(dtab, axis=0)
 
 
-def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """Returns (dq [B,Lq_pad,H,Dp] f32, dk/dv per q head [B,Lk_pad,H,Dp] f32,
-    dtab partials [B,H,nq,NBp] f32 | None, dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
+def delta_of(o: jax.Array, do: jax.Array) -> jax.Array:
+    """Δ [B, H, Lq] = rowsum(o · dO) in f32, the softmax backward's per-row term."""
+    return jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+
+
+def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do, *, dkdv: bool = True):
+    """Returns (dq [B,Lq_pad,H,Dp] f32, dk/dv per q head [B,Lk_pad,H,Dp] f32 (None, None when
+    not `dkdv`: the Hopper backend computes them), dtab partials [B,H,nq,NBp] f32 | None,
+    dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
     cfg = cfg.for_backward()
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
-    delta = jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+    delta = delta_of(o, do)
     side, names = _gpu_side(cfg, side, ["q", "k", "v", "do", "lse", "delta"]
                             + common.side_names(cfg))
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
     dkdv_names = _only(names, "bucketband", "klo", "khi")
     names = _only(names, "qlo", "qhi")
 
-    per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
-    own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
-    dk, dv = _call(cfg, _dkdv_kernel, "dkdv", dkdv_names, args,
-                   {**_main_specs(cfg, False), **_row_specs(cfg, False)},
-                   out_shape=(per_head_kv, per_head_kv), out_specs=(own_k, own_k),
-                   name="t5x_like_flash_bwd_dkdv")
+    dk = dv = None
+    if dkdv:
+        per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
+        own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
+        dk, dv = _call(cfg, _dkdv_kernel, "dkdv", dkdv_names, args,
+                       {**_main_specs(cfg, False), **_row_specs(cfg, False)},
+                       out_shape=(per_head_kv, per_head_kv), out_specs=(own_k, own_k),
+                       name="t5x_like_flash_bwd_dkdv")
 
     qspecs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     outs = {"dq": (jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), jnp.float32), qspecs["q"])}

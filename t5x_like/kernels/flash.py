@@ -323,8 +323,9 @@ def flash_attention(
                   bwd_block_k or block_k, lq, lk, "bwd_" if bwd_block_q or bwd_block_k else "")
     bq, bk, warps, stages = fwd
     # Every kernel's blocks divide the padded lengths (blocks are powers of two).
-    lq_pad, lk_pad = -(-lq // max(bq, bwd[0])) * max(bq, bwd[0]), \
-        -(-lk // max(bk, bwd[1])) * max(bk, bwd[1])
+    # The Hopper dK/dV kernel takes 128 keys per CTA.
+    k_unit = max(bk, bwd[1], _flash_mosaic_gpu.DKDV_KEYS if backend == "mosaic_gpu" else 0)
+    lq_pad, lk_pad = -(-lq // max(bq, bwd[0])) * max(bq, bwd[0]), -(-lk // k_unit) * k_unit
 
     side, has_seg, num_buckets, nb_pad = _side_inputs(
         q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq, lk, lq_pad, lk_pad)

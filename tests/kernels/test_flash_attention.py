@@ -59,11 +59,12 @@ CASES = [
     Case("causal_short_q_bias_rel", lq=24, lk=40, causal=True, rel="causal", bias=(2, 1)),
     Case("tpu_prefix_packed_rel_bias", b=1, lq=35, lk=35, h=2, hkv=1, causal=True, prefix=True,
          segments="packed", rel="causal", bias=(1, 2), backend="mosaic_tpu"),
-    # The Hopper forward under Pallas' GPU interpreter (warpgroups, TMA, barriers simulated):
-    # more than two k blocks of 64 so the two-slot ring wraps, and a CTA's two q halves.
+    # The Hopper kernels (forward, dK/dV) under Pallas' GPU interpreter (warpgroups, TMA and
+    # barriers simulated): more than two blocks so the two-slot rings wrap, both warpgroups of
+    # a CTA, head_dim 64 and 128 (dK/dV streams 64- or 32-row q tiles).
     Case("mgpu_causal_mqa_packed_rel", dtype="bfloat16", b=1, lq=200, lk=200, h=2, hkv=1,
          d=64, causal=True, segments="packed", rel="causal", backend="mosaic_gpu"),
-    Case("mgpu_prefix_padding_rel", dtype="bfloat16", b=1, lq=150, lk=150, h=2, hkv=2, d=40,
+    Case("mgpu_prefix_padding_rel", dtype="bfloat16", b=1, lq=150, lk=150, h=2, hkv=2, d=72,
          causal=True, prefix=True, segments="padding", rel="causal", sm_scale=0.125,
          backend="mosaic_gpu"),
     Case("mgpu_cross_gqa_rel_kv_padding", dtype="bfloat16", b=1, lq=100, lk=190, h=2, hkv=1,
@@ -177,20 +178,23 @@ def test_tpu_backend_under_force_interpret_mode(test_seed: int) -> None:
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=F32_ATOL, err_msg=f"{seed}")
 
 
-def test_mosaic_gpu_forward_has_no_data_races(test_seed: int) -> None:
-    """The Hopper forward's TMA ring under the GPU interpreter's happens-before race detector:
-    no slot is refilled while a compute warpgroup may still read it (the interpreter also fails
-    any barrier phase completed twice before a waiter observed it)."""
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call, params
+def test_mosaic_gpu_kernels_have_no_data_races(test_seed: int) -> None:
+    """The Hopper forward's and dK/dV kernel's TMA rings under the GPU interpreter's
+    happens-before race detector: no slot is refilled while a compute warpgroup may still read
+    it (the interpreter also fails any barrier phase completed twice before a waiter saw it)."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+    from t5x_like.kernels import _flash_mosaic_gpu
 
     rng = np.random.default_rng(test_seed)
     q, k, v = (jnp.asarray(rng.standard_normal((1, 200, 2, 64)), jnp.bfloat16) for _ in range(3))
-    detect = params.InterpretGPUParams(detect_races=True)
-    with params.force_gpu_interpret_mode(detect):
-        out = flash_attention(q, k, v, causal=True, backend="mosaic_gpu")
-        out.block_until_ready()
+    with _flash_mosaic_gpu.interpreter_options(detect_races=True):
+        out, pull = jax.vjp(lambda q, k, v: flash_attention(
+            q, k, v, causal=True, backend="mosaic_gpu"), q, k, v)
+        grads = jax.block_until_ready(pull(jnp.ones_like(out)))
     assert not interpret_pallas_call.get_races().races_found, f"seed={test_seed}"
-    assert np.all(np.isfinite(np.asarray(out, np.float32)))  # values: test_matches_f64_reference
+    for x in (out, *grads):  # values: test_matches_f64_reference
+        assert np.all(np.isfinite(np.asarray(x, np.float32)))
 
 
 def test_skipped_blocks_are_never_read(test_seed: int) -> None:
