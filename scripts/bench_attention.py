@@ -1,7 +1,8 @@
 """Attention benchmark: our Pallas flash kernel vs cuDNN (`jax.nn.dot_product_attention`) vs XLA.
 
 `pallas` is our kernel as models use it (Triton); on an sm_90 GPU `pallas_hopper` is added: the
-same kernel with its Hopper forward (`backend='mosaic_gpu'`: warp-specialised, TMA + wgmma).
+same kernel with its Hopper forward and dK/dV (`backend='mosaic_gpu'`: warp-specialised, TMA +
+wgmma).
 
 On a GPU (the real benchmark): bf16, head_dim 64 and 128 (heads = 2048 / head_dim), lengths
 1k ... 16k at batch x length = 16k tokens, causal and not, with and without the T5 relative bias
@@ -42,7 +43,7 @@ from t5x_like.kernels._flash_reference import reference_attention, reference_rel
 
 NUM_BUCKETS, MAX_DISTANCE = 32, 128
 SHAPE_KEYS = ("length", "batch", "heads", "head_dim", "causal", "t5_bias")
-#: ours (Triton), ours with the Hopper forward (Mosaic GPU, sm_90 only), cuDNN, XLA.
+#: ours (Triton), ours with the Hopper kernels (Mosaic GPU, sm_90 only), cuDNN, XLA.
 IMPLS = ("pallas", "pallas_hopper", "cudnn", "xla")
 
 
@@ -68,7 +69,7 @@ def make_impl(name: str, causal: bool, length: int, sm_scale: float, interpret: 
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
             rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, block_q=blocks[0],
             block_k=blocks[1], interpret=interpret)
-    if name == "pallas_hopper":  # the Mosaic GPU forward (128-row q blocks), Triton backward
+    if name == "pallas_hopper":  # the Mosaic GPU forward and dK/dV, the Triton dQ
         return lambda q, k, v, table: flash_attention(
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
             rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, bwd_block_q=blocks[0],

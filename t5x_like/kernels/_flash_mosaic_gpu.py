@@ -1,33 +1,38 @@
-"""Hopper (sm_90a) flash-attention forward in Pallas on Mosaic GPU: warp-specialised, TMA + wgmma.
+"""Hopper (sm_90a) flash-attention kernels in Pallas on Mosaic GPU: warp-specialised, TMA + wgmma.
 
-One CTA per (head, q block of `block_q` = 128 rows, batch), three warpgroups:
+Two kernels, forward and dK/dV, each one CTA of three warpgroups:
 
-- two **compute** warpgroups, each owning 64 query rows (one wgmma M);
-- one **producer** warpgroup that streams each k block's tiles with TMA into a ring of
-  `num_stages` shared-memory slots: K and V `[block_k, D]`, the T5 bias tile `[128, block_k]`
-  f32 (a slice of the bias bands `_flash_triton._rel_bands` builds: no bucket math in the loop),
-  and the keys' segment ids and prefix flags `[block_k]`.
+- two **compute** warpgroups, each owning 64 rows (one wgmma M): query rows in the forward,
+  key rows in dK/dV;
+- one **producer** warpgroup (`_produce`) that streams the other side's tiles with TMA into a
+  ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
+  T5 bias tile `[128, block_k]` f32 (a slice of the bias bands `_flash_triton._rel_bands`
+  builds: no bucket math in the loop), the keys' segment ids and prefix flags. dK/dV, per q
+  block: q and dO, lse and Δ, the transposed bias band's tile, the queries' ids and flags.
 
 Every stream has a "ready" barrier per slot (its TMA completes it); both compute warpgroups
-arrive on the slot's "free" barrier after their P·V, and the producer waits on it before it
-refills the slot. Both compute warpgroups walk the same k blocks (the CTA's range: causal,
-prefix and segment bounds are computed per 128-row block), so every barrier phase is waited
-on by every warpgroup that uses it. Per k block, in base 2 with the scale folded in:
+arrive on the slot's "free" barrier when done with it, and the producer waits on it before it
+refills the slot. Both compute warpgroups are handed the CTA's range of blocks (causal, prefix
+and segment bounds are per 128-row block); a warpgroup whose own rows cannot see a block
+releases it unread, so every barrier phase is waited on by every warpgroup that uses it.
+Forward, per k block, in base 2 with the scale folded in:
 
     s  = q kᵀ · (scale · log2 e) + bias · log2 e, masked to -inf        [64, block_k] f32
     m' = max(m, rowmax s);  p = 2^(s - m');  l = l · 2^(m - m') + rowsum p
     acc = acc · 2^(m - m') + p v                                      [64, D] f32
 
 and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0,
-lse = 0, as the Triton kernel). The backward is the Triton one (`_flash_triton.backward`),
-which takes the same residuals.
+lse = 0, as the Triton kernel). dK/dV works with keys as rows (`_dkdv_consumer`), so every
+wgmma takes its register operand untransposed. dQ and the T5 table's gradient are the Triton
+dQ kernel's (`_flash_triton.backward(..., dkdv=False)`), which takes the same residuals.
 
-**Interpret mode** (the CPU tests) runs this kernel under Pallas' GPU interpreter, which
-simulates the warpgroups, shared memory, TMA and barriers (and checks that every barrier phase
-is observed) but lacks three things the compiled kernel uses. `_Ops` swaps each for an
-equivalent that moves data differently and computes the same: kᵀ comes from a transposed copy
-of k in HBM instead of a transposed view of the K slot; p goes through shared memory instead of
-registers (there a wgmma operand must be a ref); layouts are not cast.
+**Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU interpreter, which
+simulates the warpgroups, shared memory, TMA and barriers (it checks that every barrier phase
+is observed, and `interpreter_options(detect_races=True)` adds a race detector) but lacks
+three things the compiled kernels use. `_Ops` swaps each for an equivalent that moves data
+differently and computes the same: a transposed operand comes from a transposed copy in HBM
+instead of a transposed view of its slot; a register operand of wgmma goes through shared
+memory (there operands must be refs); layouts are not cast.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def test_smoke_rows_errors_ratios_and_resume(tmp_path) -> None:
 
 
 def test_hopper_implementation_runs_the_mosaic_gpu_forward() -> None:
-    """`pallas_hopper` (timed on sm_90 leases) is our kernel with the Mosaic GPU forward: here in
+    """`pallas_hopper` (timed on sm_90 leases) is our kernel with its Mosaic GPU kernels: here in
     the GPU interpreter, its output and gradients within bf16 rounding of the fp32 reference."""
     import jax
     import jax.numpy as jnp
