@@ -248,6 +248,52 @@ def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
 
 
+def _query_row_vectors(cfg: FlashConfig, ops: _Ops, smem: dict, wg) -> tuple:
+    """The warpgroup's query segment ids and prefix flags as [64] row vectors (None if absent),
+    broadcast to the tile inside the loop: a [64, block_k] int tile held across the loop would
+    cost 32 registers a thread."""
+    layout = plgpu.Layout.WGMMA.reduce(1)
+    return (ops.load(smem["qseg"].at[wg], layout) if cfg.has_seg else None,
+            ops.load(smem["pq"].at[wg], layout) if cfg.has_prefix else None)
+
+
+def _query_row_logits(cfg: FlashConfig, ops: _Ops, smem: dict, slot, wg, q_smem, q0, k0,
+                      qseg, pq) -> jax.Array:
+    """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (q0...) against the
+    slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf."""
+    shape = (ROWS, cfg.block_k)
+    rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
+    cols_of = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
+    col_layout = plgpu.Layout.WGMMA.reduce(0)
+    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k) * (cfg.sm_scale * LOG2E)
+    if cfg.has_rel:
+        x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
+                         plgpu.Layout.WGMMA) * LOG2E
+    allowed = None
+    if cfg.has_seg:
+        kseg = cols_of(ops.load(smem["kseg"].at[slot], col_layout))
+        allowed = (rows_of(qseg) == kseg) & (kseg != 0)
+    if cfg.causal or cfg.kv_pad_mask:
+        k_idx = ops.iota(shape, 1) + k0
+    if cfg.causal:
+        visible = k_idx <= ops.iota(shape, 0) + q0
+        if cfg.has_prefix:
+            pk = cols_of(ops.load(smem["pk"].at[slot], col_layout))
+            visible = visible | ((rows_of(pq) != 0) & (pk != 0))
+        allowed = visible if allowed is None else allowed & visible
+    if cfg.kv_pad_mask:
+        allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
+    return x if allowed is None else jnp.where(allowed, x, NEG_INF)
+
+
+def _release(bars: dict, streams: list[str], slot) -> None:
+    """A block a warpgroup's rows cannot see: wait for its tiles (every phase is observed),
+    then free the slot unread."""
+    for name in streams:
+        plgpu.barrier_wait(bars[name].at[slot])
+    plgpu.barrier_arrive(bars["free"].at[slot])
+
+
 def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg, ops: _Ops):
     """Online softmax over k blocks [lo, hi) for the warpgroup's 64 query rows."""
     if not ops.interpret:
@@ -262,16 +308,10 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     if cfg.has_prefix:
         own["pq"] = r["pq"].at[b, rows]
     _load_own(smem, bars, own, wg)
-    row_layout, col_layout = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
-    shape = (ROWS, bk)
-    rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
-    cols_of = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
-    # Row vectors, broadcast to the tile inside the loop (a [64, block_k] int tile held across
-    # the loop costs 32-64 registers a thread).
-    qseg = ops.load(smem["qseg"].at[wg], row_layout) if cfg.has_seg else None
-    pq = ops.load(smem["pq"].at[wg], row_layout) if cfg.has_prefix else None
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
+    qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
     q_smem = smem["q"].at[wg]
-    scale = cfg.sm_scale * LOG2E
 
     def step(j, carry):
         m, denom, acc = carry
@@ -279,26 +319,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         for name in _streams(cfg, ops):
             if name != "v":
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = ops.scores(q_smem, ops.transposed(smem, "k", slot), bk) * scale
-        if cfg.has_rel:
-            x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
-                             plgpu.Layout.WGMMA) * LOG2E
-        allowed = None
-        if cfg.has_seg:
-            kseg = cols_of(ops.load(smem["kseg"].at[slot], col_layout))
-            allowed = (rows_of(qseg) == kseg) & (kseg != 0)
-        if cfg.causal or cfg.kv_pad_mask:
-            k_idx = ops.iota(shape, 1) + j * bk
-        if cfg.causal:
-            visible = k_idx <= ops.iota(shape, 0) + q0
-            if cfg.has_prefix:
-                pk = cols_of(ops.load(smem["pk"].at[slot], col_layout))
-                visible = visible | ((rows_of(pq) != 0) & (pk != 0))
-            allowed = visible if allowed is None else allowed & visible
-        if cfg.kv_pad_mask:
-            allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
-        if allowed is not None:
-            x = jnp.where(allowed, x, NEG_INF)
+        x = _query_row_logits(cfg, ops, smem, slot, wg, q_smem, q0, j * bk, qseg, pq)
         m_new = jnp.maximum(m, x.max(axis=1))
         m_use = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with no allowed key yet
         alpha = jnp.exp2(m - m_use)
@@ -311,11 +332,8 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         plgpu.barrier_arrive(bars["free"].at[slot])
         return m_new, denom, acc
 
-    def drain(j, carry):  # a block this warpgroup's rows cannot see: release it unread
-        slot = lax.rem(j - lo, jnp.int32(s))
-        for name in _streams(cfg, ops):
-            plgpu.barrier_wait(bars[name].at[slot])
-        plgpu.barrier_arrive(bars["free"].at[slot])
+    def drain(j, carry):
+        _release(bars, _streams(cfg, ops), lax.rem(j - lo, jnp.int32(s)))
         return carry
 
     init = (ops.layout(jnp.full((ROWS,), NEG_INF, jnp.float32), row_layout),
@@ -554,11 +572,8 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         plgpu.barrier_arrive(bars["free"].at[slot])
         return dk, dv
 
-    def drain(i, carry):  # a block these keys' rows cannot see: release it unread
-        slot = lax.rem(i - lo, jnp.int32(s))
-        for name in streams:
-            plgpu.barrier_wait(bars[name].at[slot])
-        plgpu.barrier_arrive(bars["free"].at[slot])
+    def drain(i, carry):
+        _release(bars, streams, lax.rem(i - lo, jnp.int32(s)))
         return carry
 
     zeros = ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
@@ -629,9 +644,154 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
     return call(*args.values())
 
 
+# ---- backward: dQ (no T5 table) ----------------------------------------------------------------
+def _dq_streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
+    """The per-k-block tiles the dQ producer streams: k (and kᵀ, vᵀ in interpret mode)."""
+    return (["k"] + (["kt", "vt"] if ops.interpret else ["v"])
+            + (["kseg"] if cfg.has_seg else []) + (["pk"] if cfg.has_prefix else []))
+
+
+def _dq_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
+    s, bk, d = cfg.num_stages, cfg.block_k, cfg.head_dim_pad
+    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    smem = {"q": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),
+            "do": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),
+            "lse": plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
+            "delta": plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
+            "k": plgpu.SMEM((s, bk, d), dtype, transforms=tiled)}
+    own = ["q", "do", "lse", "delta"]
+    if ops.interpret:
+        smem["kt"] = plgpu.SMEM((s, d, bk), dtype)
+        smem["vt"] = plgpu.SMEM((s, d, bk), dtype)
+        smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
+    else:
+        smem["v"] = plgpu.SMEM((s, bk, d), dtype, transforms=tiled)
+    if cfg.has_seg:
+        smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
+        smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
+        own.append("qseg")
+    if cfg.has_prefix:
+        smem["pq"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
+        smem["pk"] = plgpu.SMEM((s, bk), jnp.int32)
+        own.append("pq")
+    bars = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
+    bars.update({n: plgpu.Barrier(num_barriers=s) for n in _dq_streams(cfg, ops)})
+    bars["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=s)
+    return smem, bars
+
+
+def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
+                 ops: _Ops):
+    """dQ of the warpgroup's 64 query rows over k blocks [lo, hi):
+
+        p = 2^(s·log2 e - lse·log2 e);  dP = dO vᵀ;  dS = p (dP - Δ);  dQ += dS k (· scale)
+    """
+    if not ops.interpret:
+        plgpu.set_max_registers(232, action="increase")
+    bk, d, s = cfg.block_k, cfg.head_dim_pad, cfg.num_stages
+    dtype = r["q"].dtype
+    q0 = i * cfg.block_q + wg * ROWS
+    rows = pl.ds(q0, ROWS)
+    own = {"q": r["q"].at[b, rows, h], "do": r["do"].at[b, rows, h],
+           "lse": r["lse"].at[b, h, rows], "delta": r["delta"].at[b, h, rows]}
+    if cfg.has_seg:
+        own["qseg"] = r["qseg"].at[b, rows]
+    if cfg.has_prefix:
+        own["pq"] = r["pq"].at[b, rows]
+    _load_own(smem, bars, own, wg)
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
+    qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
+    lse2 = ops.load(smem["lse"].at[wg], row_layout) * LOG2E
+    delta = ops.load(smem["delta"].at[wg], row_layout)
+    a_smem = smem["a"].at[wg] if ops.interpret else None
+    streams = _dq_streams(cfg, ops)
+
+    def step(j, dq):
+        slot = lax.rem(j - lo, jnp.int32(s))
+        for name in streams:
+            plgpu.barrier_wait(bars[name].at[slot])
+        x = _query_row_logits(cfg, ops, smem, slot, wg, smem["q"].at[wg], q0, j * bk, qseg, pq)
+        p = jnp.exp2(x - rows_of(lse2))
+        dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
+        ds = p * (dp - rows_of(delta))
+        dq = ops.mma_acc(dq, ds.astype(dtype), smem["k"].at[slot], a_smem)
+        plgpu.barrier_arrive(bars["free"].at[slot])
+        return dq
+
+    def drain(j, carry):
+        _release(bars, streams, lax.rem(j - lo, jnp.int32(s)))
+        return carry
+
+    own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
+    dq = lax.fori_loop(lo, own_hi, step,
+                       ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA))
+    lax.fori_loop(own_hi, hi, drain, 0)
+    r["dq"].at[b, rows, h][...] = dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq
+
+
+def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
+    r = dict(zip(names + ["dq"], refs, strict=True))
+    b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
+    lo, hi = _k_range(cfg, r, b, i)
+
+    def body(smem, bars):
+        wg = lax.axis_index("wg")
+        pl.when(wg < COMPUTE_WGS)(
+            lambda: _dq_consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops))
+
+        @pl.when(wg == COMPUTE_WGS)
+        def _():
+            bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
+            ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
+            sources = {"k": lambda j: r["k"].at[b, ks(j), hk]}
+            if ops.interpret:
+                sources["kt"] = lambda j: r["kt"].at[b, hk, :, ks(j)]
+                sources["vt"] = lambda j: r["vt"].at[b, hk, :, ks(j)]
+            else:
+                sources["v"] = lambda j: r["v"].at[b, ks(j), hk]
+            if cfg.has_seg:
+                sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
+            if cfg.has_prefix:
+                sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
+            _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
+
+    pl.run_scoped(body, *_dq_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
+
+
+def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> jax.Array:
+    """dQ `[B, Lq_pad, H, Dp]` f32 without a T5 table (the Triton dQ kernel reduces its
+    gradient), at the forward's blocks."""
+    ops = _Ops(cfg.interpret)
+    args = {"q": q, "k": k, "do": do, "lse": lse, "delta": delta}
+    if ops.interpret:
+        args["kt"] = jnp.transpose(k, (0, 2, 3, 1))
+        args["vt"] = jnp.transpose(v, (0, 2, 3, 1))
+    else:
+        args["v"] = v
+    if cfg.has_seg:
+        args.update(qseg=side["qseg"], kseg=side["kseg"])
+        bounds = _flash_triton._segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        args.update(klo=bounds["klo"], khi=bounds["khi"])
+    if cfg.has_prefix:
+        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    names = list(args)
+    call = plgpu.kernel(
+        functools.partial(_dq_kernel, cfg=cfg, names=names, ops=ops),
+        out_type=jax.ShapeDtypeStruct(q.shape, jnp.float32),
+        grid=(cfg.num_heads, cfg.nq, q.shape[0]), grid_names=("h", "q", "b"),
+        num_threads=COMPUTE_WGS + 1, thread_name="wg",
+        kernel_name="t5x_like_flash_bwd_dq_hopper", **_call_params(ops))
+    return call(*args.values())
+
+
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """`_flash_triton.backward`'s contract: dK/dV from the Hopper kernel, dQ (and the table and
-    dense-bias gradients) from the Triton dQ kernel."""
-    dq, _, _, dtab, dbias = _flash_triton.backward(cfg, q, k, v, side, o, lse, do, dkdv=False)
-    dk, dv = _dkdv(_dkdv_cfg(cfg), q, k, v, side, lse, _flash_triton.delta_of(o, do), do)
-    return dq, dk, dv, dtab, dbias
+    """`_flash_triton.backward`'s contract: dK/dV from the Hopper kernel, and dQ from the Hopper
+    dQ kernel, or with a T5 table from the Triton dQ kernel (which reduces the table's
+    gradient)."""
+    delta = _flash_triton.delta_of(o, do)
+    dk, dv = _dkdv(_dkdv_cfg(cfg), q, k, v, side, lse, delta, do)
+    if cfg.has_rel:
+        dq, _, _, dtab, _ = _flash_triton.backward(cfg, q, k, v, side, o, lse, do, dkdv=False)
+        return dq, dk, dv, dtab, None
+    return _dq(cfg, q, k, v, side, lse, delta, do), dk, dv, None, None

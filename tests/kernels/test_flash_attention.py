@@ -69,6 +69,9 @@ CASES = [
          backend="mosaic_gpu"),
     Case("mgpu_cross_gqa_rel_kv_padding", dtype="bfloat16", b=1, lq=100, lk=190, h=2, hkv=1,
          d=128, segments="kv_only", rel="bidirectional", backend="mosaic_gpu"),
+    # No table: dQ from the Hopper dQ kernel too.
+    Case("mgpu_prefix_lm_packed_mqa", dtype="bfloat16", b=1, lq=150, lk=150, h=2, hkv=1, d=128,
+         causal=True, prefix=True, segments="packed", backend="mosaic_gpu"),
 ]
 
 

@@ -39,7 +39,7 @@ def test_smoke_rows_errors_ratios_and_resume(tmp_path) -> None:
     assert json.dumps(again, sort_keys=True) == json.dumps(rows, sort_keys=True)
 
 
-def test_hopper_implementation_runs_the_mosaic_gpu_forward() -> None:
+def test_hopper_implementation_runs_the_mosaic_gpu_kernels() -> None:
     """`pallas_hopper` (timed on sm_90 leases) is our kernel with its Mosaic GPU kernels: here in
     the GPU interpreter, its output and gradients within bf16 rounding of the fp32 reference."""
     import jax
