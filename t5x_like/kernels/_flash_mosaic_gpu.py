@@ -1,14 +1,15 @@
 """Hopper (sm_90a) flash-attention kernels in Pallas on Mosaic GPU: warp-specialised, TMA + wgmma.
 
-Two kernels, forward and dK/dV, each one CTA of three warpgroups:
+Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
 
-- two **compute** warpgroups, each owning 64 rows (one wgmma M): query rows in the forward,
-  key rows in dK/dV;
+- two **compute** warpgroups, each owning 64 rows (one wgmma M): query rows in the forward and
+  dQ, key rows in dK/dV;
 - one **producer** warpgroup (`_produce`) that streams the other side's tiles with TMA into a
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
   T5 bias tile `[128, block_k]` f32 (a slice of the bias bands `_flash_triton._rel_bands`
-  builds: no bucket math in the loop), the keys' segment ids and prefix flags. dK/dV, per q
-  block: q and dO, lse and Δ, the transposed bias band's tile, the queries' ids and flags.
+  builds: no bucket math in the loop), the keys' segment ids and prefix flags (dQ: the same
+  without the bias). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile,
+  the queries' ids and flags.
 
 Every stream has a "ready" barrier per slot (its TMA completes it); both compute warpgroups
 arrive on the slot's "free" barrier when done with it, and the producer waits on it before it
@@ -23,8 +24,9 @@ Forward, per k block, in base 2 with the scale folded in:
 
 and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0,
 lse = 0, as the Triton kernel). dK/dV works with keys as rows (`_dkdv_consumer`), so every
-wgmma takes its register operand untransposed. dQ and the T5 table's gradient are the Triton
-dQ kernel's (`_flash_triton.backward(..., dkdv=False)`), which takes the same residuals.
+wgmma takes its register operand untransposed. With a T5 table, dQ and the table's gradient
+are the Triton dQ kernel's (`_flash_triton.backward(..., dkdv=False)`, same residuals): the
+per-bucket reduction is not written for Mosaic GPU yet.
 
 **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU interpreter, which
 simulates the warpgroups, shared memory, TMA and barriers (it checks that every barrier phase
