@@ -69,8 +69,9 @@ SMEM_SLACK = 8_192  # what Mosaic adds to `smem_bytes`: barriers, alignment (2.6
 
 
 def smem_bytes(cfg: FlashConfig) -> int:
-    """Shared memory of one CTA (the compiled kernel's buffers, `_scratch`; barriers aside): q/o
-    tiles, and per ring slot the streamed K, V, bias and key-side tiles."""
+    """Shared memory of one forward CTA (`_scratch`'s buffers, barriers aside): q/o tiles, and
+    per ring slot the streamed K, V, bias and key-side tiles. (The dK/dV and dQ kernels' blocks
+    are fixed: at most 137 KB.)"""
     d, bk, itemsize = cfg.head_dim_pad, cfg.block_k, 2
     own = BLOCK_Q * (d * itemsize + 4 + 4 * cfg.has_seg + 4 * cfg.has_prefix)  # q/o, lse, ids
     slot = 2 * bk * d * itemsize + bk * (4 * cfg.has_seg + 4 * cfg.has_prefix)
@@ -98,7 +99,7 @@ def unsupported(cfg: FlashConfig, dtype) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class _Ops:
-    """The operations that differ between the compiled kernel and Pallas' GPU interpreter."""
+    """The operations that differ between the compiled kernels and Pallas' GPU interpreter."""
 
     interpret: bool
 
@@ -191,7 +192,7 @@ def _scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
         smem["pq"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["pk"] = plgpu.SMEM((s, bk), jnp.int32)
     if ops.interpret:
-        smem["p"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
+        smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
     own = ["q"] + (["qseg"] if cfg.has_seg else []) + (["pq"] if cfg.has_prefix else [])
     barriers = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
     barriers.update({n: plgpu.Barrier(num_barriers=s) for n in _streams(cfg, ops)})
@@ -330,7 +331,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         plgpu.barrier_wait(bars["v"].at[slot])
         acc = ops.mma_acc(acc, p.astype(dtype), smem["v"].at[slot],
-                          smem["p"].at[wg] if ops.interpret else None)
+                          smem["a"].at[wg] if ops.interpret else None)
         plgpu.barrier_arrive(bars["free"].at[slot])
         return m_new, denom, acc
 

@@ -8,8 +8,7 @@ kernels into `jax.custom_vjp`:
 - `backend='mosaic_gpu'`: `_flash_mosaic_gpu.py`, Hopper (sm_90a) kernels in Pallas on Mosaic GPU
   (warp-specialised, TMA + wgmma; bf16, head_dim 64/128, no dense bias): forward, dK/dV and
   dQ, with the Triton dQ kernel instead where a T5 table's gradient is needed; CPU runs them in
-  Pallas' GPU interpreter.
-  Opt-in until a GPU measures it.
+  Pallas' GPU interpreter. Opt-in until a GPU measures it.
 - `backend='mosaic_tpu'`: `_flash_tpu.py` (Pallas Mosaic TPU; CPU runs it in TPU interpret mode).
 - `backend='auto'`: triton on GPU and CPU, mosaic_tpu on TPU.
 
@@ -49,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.kernels import _flash_mosaic_gpu, _flash_triton
+from t5x_like.kernels import _flash_triton
 from t5x_like.kernels._flash_common import FlashConfig
 from t5x_like.kernels._flash_reference import reference_rel_bias
 
@@ -319,14 +318,17 @@ def flash_attention(
     lk, hkv = k.shape[1], k.shape[2]
     dp = _pow2_at_least(d, 64 if backend == "mosaic_gpu" else 32)
     fwd = _blocks(default_block_sizes(dp, backend, target, "fwd"), block_q, block_k, lq, lk)
-    if backend == "mosaic_gpu":  # fixed 128-row q blocks (two warpgroups), lengths padded to them
+    k_unit = 0
+    if backend == "mosaic_gpu":  # fixed 128-row q blocks (two warpgroups) and dK/dV key blocks
+        from t5x_like.kernels import _flash_mosaic_gpu  # jax's Mosaic GPU modules: 0.8 s import
+
         fwd = (block_q or _flash_mosaic_gpu.BLOCK_Q, block_k or 64, 4, 2)
+        k_unit = _flash_mosaic_gpu.DKDV_KEYS
     bwd = _blocks(default_block_sizes(dp, backend, target, "bwd"), bwd_block_q or block_q,
                   bwd_block_k or block_k, lq, lk, "bwd_" if bwd_block_q or bwd_block_k else "")
     bq, bk, warps, stages = fwd
     # Every kernel's blocks divide the padded lengths (blocks are powers of two).
-    # The Hopper dK/dV kernel takes 128 keys per CTA.
-    k_unit = max(bk, bwd[1], _flash_mosaic_gpu.DKDV_KEYS if backend == "mosaic_gpu" else 0)
+    k_unit = max(bk, bwd[1], k_unit)
     lq_pad, lk_pad = -(-lq // max(bq, bwd[0])) * max(bq, bwd[0]), -(-lk // k_unit) * k_unit
 
     side, has_seg, num_buckets, nb_pad = _side_inputs(
@@ -385,6 +387,8 @@ def _side_inputs(q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias, lq:
 
 def _backend_module(cfg: FlashConfig):
     if cfg.backend == "mosaic_gpu":
+        from t5x_like.kernels import _flash_mosaic_gpu
+
         return _flash_mosaic_gpu
     if cfg.backend == "mosaic_tpu":
         from t5x_like.kernels import _flash_tpu
