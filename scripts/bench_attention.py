@@ -1,8 +1,7 @@
 """Attention benchmark: our Pallas flash kernel vs cuDNN (`jax.nn.dot_product_attention`) vs XLA.
 
 `pallas` is our kernel as models use it (Triton); on an sm_90 GPU `pallas_hopper` is added: the
-same kernel with its Hopper kernels (`backend='mosaic_gpu'`: warp-specialised, TMA + wgmma; dQ
-stays Triton's with the T5 table).
+same attention in its Hopper kernels (`backend='mosaic_gpu'`: warp-specialised, TMA + wgmma).
 
 On a GPU (the real benchmark): bf16, head_dim 64 and 128 (heads = 2048 / head_dim), lengths
 1k ... 16k at batch x length = 16k tokens, causal and not, with and without the T5 relative bias
@@ -69,7 +68,7 @@ def make_impl(name: str, causal: bool, length: int, sm_scale: float, interpret: 
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
             rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, block_q=blocks[0],
             block_k=blocks[1], interpret=interpret)
-    if name == "pallas_hopper":  # the Mosaic GPU kernels (dQ Triton's with a table)
+    if name == "pallas_hopper":  # the Mosaic GPU kernels (128-row q blocks)
         return lambda q, k, v, table: flash_attention(
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
             rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, bwd_block_q=blocks[0],

@@ -69,8 +69,7 @@ def check(arch: str, head_dim: int, variants: list[str], seq_len: int,
             except Exception as e:  # noqa: BLE001 - any compile error fails the check
                 failures.append(f"{where}: compile failed: {type(e).__name__}: {e}"[:400])
                 continue
-            rel = gpu.FLASH_VARIANTS[variant][1]
-            for name in gpu.MOSAIC_FLASH_KERNELS[:2] if rel else gpu.MOSAIC_FLASH_KERNELS:
+            for name in gpu.MOSAIC_FLASH_KERNELS:
                 k = report.get(name, {})
                 bad = gpu.kernel_problems(k, target.smem_per_block_optin)
                 bad += [] if k.get("wgmma") else ["no wgmma"]

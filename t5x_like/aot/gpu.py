@@ -416,8 +416,8 @@ FLASH_VARIANTS = {
 }
 
 
-#: The Hopper (Mosaic GPU) kernels: forward, dK/dV and dQ (dQ only without a T5 table: with one
-#: the Triton dQ kernel reduces its gradient), and the variants they take (no dense bias).
+#: The Hopper (Mosaic GPU) kernels: forward, dK/dV and dQ (which reduces a T5 table's gradient
+#: too), and the variants they take (no dense bias).
 MOSAIC_FLASH_KERNELS = ("t5x_like_flash_fwd_hopper_mosaic_gpu_kernel",
                         "t5x_like_flash_bwd_dkdv_hopper_mosaic_gpu_kernel",
                         "t5x_like_flash_bwd_dq_hopper_mosaic_gpu_kernel")

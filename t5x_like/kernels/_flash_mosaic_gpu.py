@@ -6,9 +6,9 @@ Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
   dQ, key rows in dK/dV;
 - one **producer** warpgroup (`_produce`) that streams the other side's tiles with TMA into a
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
-  T5 bias tile `[128, block_k]` f32 (a slice of the bias bands `_flash_triton._rel_bands`
+  T5 bias tile `[128, block_k]` f32 (a slice of the bias bands `gpu_inputs.rel_bands`
   builds: no bucket math in the loop), the keys' segment ids and prefix flags (dQ: the same
-  without the bias). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile,
+  and the bucket-id tile). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile,
   the queries' ids and flags.
 
 Every stream has a "ready" barrier per slot (its TMA completes it); both compute warpgroups
@@ -24,9 +24,9 @@ Forward, per k block, in base 2 with the scale folded in:
 
 and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0,
 lse = 0, as the Triton kernel). dK/dV works with keys as rows (`_dkdv_consumer`), so every
-wgmma takes its register operand untransposed. With a T5 table, dQ and the table's gradient
-are the Triton dQ kernel's (`_flash_triton.backward(..., dkdv=False)`, same residuals): the
-per-bucket reduction is not written for Mosaic GPU yet.
+wgmma takes its register operand untransposed. dQ also reduces the T5 table's gradient: per
+tile, a masked row sum of dS per bucket the tile can hold (`_table_grad`), the buckets read
+from the bucket band like the bias.
 
 **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU interpreter, which
 simulates the warpgroups, shared memory, TMA and barriers (it checks that every barrier phase
@@ -54,7 +54,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from t5x_like.kernels import _flash_common as common
-from t5x_like.kernels import _flash_triton
+from t5x_like.kernels import _flash_gpu_inputs as gpu_inputs
 from t5x_like.kernels._flash_common import NEG_INF, FlashConfig
 
 ROWS = 64  # query rows per compute warpgroup: one wgmma M
@@ -156,7 +156,7 @@ def _causal_end(cfg: FlashConfig, r: dict, b, q0, rows: int) -> jax.Array:
 
 def _k_range(cfg: FlashConfig, r: dict, b, i) -> tuple[jax.Array, jax.Array]:
     """[lo, hi) k blocks the CTA of q block i streams: up to the diagonal (or the prefix's end)
-    when causal, within the blocks sharing a segment with it (`_segment_block_ranges`)."""
+    when causal, within the blocks sharing a segment with it (`gpu_inputs.segment_block_ranges`)."""
     lo, hi = jnp.int32(0), jnp.int32(cfg.nk)
     if cfg.causal:
         hi = _causal_end(cfg, r, b, i * cfg.block_q, cfg.block_q)
@@ -407,10 +407,10 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
     else:
         args["k"] = k
     if cfg.has_rel:
-        args["relband"] = _flash_triton._rel_bands(cfg, side["tab"])[0]
+        args["relband"] = gpu_inputs.rel_bands(cfg, side["tab"])[0]
     if cfg.has_seg:
         args.update(qseg=side["qseg"], kseg=side["kseg"])
-        bounds = _flash_triton._segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        bounds = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
         args.update(klo=bounds["klo"], khi=bounds["khi"])
     if cfg.has_prefix:
         args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
@@ -442,7 +442,7 @@ def _rel_bands_t(cfg: FlashConfig, table: jax.Array) -> jax.Array:
     """The T5 bias bands with keys as rows, `[H, 128, W]` f32: relbandT[h, i, x] =
     table[h, bucket(i + lk_pad - x)], so the bias of keys k0 + i and queries q0 + j is the
     block relbandT[h, :, c:c + 64] with c = q0 - k0 + lk_pad (offset k - q = k0 + i - q0 - j)."""
-    width = _flash_triton._offset_row_width(cfg)
+    width = gpu_inputs.offset_row_width(cfg)
     x = jnp.arange(width, dtype=jnp.int32)[None, :]
     rel = jnp.arange(DKDV_KEYS, dtype=jnp.int32)[:, None] + cfg.lk_pad - x
     bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
@@ -632,7 +632,7 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         args["relbandt"] = _rel_bands_t(cfg, side["tab"])
     if cfg.has_seg:
         args.update(qseg=side["qseg"], kseg=side["kseg"])
-        bounds = _flash_triton._segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        bounds = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
         args.update(qlo=bounds["qlo"], qhi=bounds["qhi"])
     if cfg.has_prefix:
         args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
@@ -647,16 +647,26 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
     return call(*args.values())
 
 
-# ---- backward: dQ (no T5 table) ----------------------------------------------------------------
+# ---- backward: dQ (+ the T5 table's gradient) --------------------------------------------------
+def _dq_cfg(cfg: FlashConfig) -> FlashConfig:
+    """`cfg` with the dQ kernel's blocks: 128 query rows per CTA, k tiles of 64, or 32 at
+    head_dim 128 with a table (the bias and bucket tiles then fit two slots)."""
+    return dataclasses.replace(cfg, block_k=32 if cfg.has_rel and cfg.head_dim_pad > 64 else 64)
+
+
 def _dq_streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
-    """The per-k-block tiles the dQ producer streams: k (and kᵀ, vᵀ in interpret mode)."""
+    """The per-k-block tiles the dQ producer streams: k (and kᵀ, vᵀ in interpret mode), with a
+    table its bias and bucket-id tiles."""
     return (["k"] + (["kt", "vt"] if ops.interpret else ["v"])
+            + (["rel", "bucket"] if cfg.has_rel else [])
             + (["kseg"] if cfg.has_seg else []) + (["pk"] if cfg.has_prefix else []))
 
 
 def _dq_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
     s, bk, d = cfg.num_stages, cfg.block_k, cfg.head_dim_pad
-    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    # dQ += dS k contracts over the tile's bk keys: a swizzle of at most bk 16-bit elements, the
+    # same on both operands of q kᵀ and dO vᵀ.
+    tiled = (plgpu.TilingTransform((8, bk)), plgpu.SwizzleTransform(2 * bk))
     smem = {"q": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),
             "do": plgpu.SMEM((COMPUTE_WGS, ROWS, d), dtype, transforms=tiled),
             "lse": plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
@@ -669,6 +679,11 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
         smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
     else:
         smem["v"] = plgpu.SMEM((s, bk, d), dtype, transforms=tiled)
+    if cfg.has_rel:
+        words = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))  # 4-byte tiles
+        smem["rel"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.float32, transforms=words)
+        smem["bucket"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.int32, transforms=words)
+        smem["tab"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
@@ -683,11 +698,30 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
     return smem, bars
 
 
+def _table_grad(cfg: FlashConfig, ops: _Ops, acc: jax.Array, bucket: jax.Array, ds: jax.Array,
+                q0, k0) -> jax.Array:
+    """acc [64, NBp] += per query row, dS [64, bk] summed over the keys in each bucket: one
+    masked row sum per bucket the tile can hold (`tile_bucket_bounds`, from its corners), each
+    behind a `cond`, so a tile farther than max_distance from the diagonal pays one."""
+    lo, hi = common.tile_bucket_bounds(dataclasses.replace(cfg, block_q=ROWS), q0, k0)
+    ids = ops.iota(acc.shape, 1)
+    for n in range(cfg.num_buckets):
+
+        def add(a, n=n):
+            rows = jnp.where(bucket == n, ds, 0.0).sum(axis=1)
+            return a + jnp.where(ids == n, lax.broadcast_in_dim(rows, a.shape, [0]), 0.0)
+
+        acc = lax.cond((lo <= n) & (n <= hi), add, lambda a: a, acc)
+    return acc
+
+
 def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
                  ops: _Ops):
-    """dQ of the warpgroup's 64 query rows over k blocks [lo, hi):
+    """dQ of the warpgroup's 64 query rows over k blocks [lo, hi), and with a T5 table its
+    gradient's partial sums over these rows:
 
         p = 2^(s·log2 e - lse·log2 e);  dP = dO vᵀ;  dS = p (dP - Δ);  dQ += dS k (· scale)
+        d table[n] += sum of dS over the tile's (q, k) with bucket(k - q) = n
     """
     if not ops.interpret:
         plgpu.set_max_registers(232, action="increase")
@@ -710,7 +744,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     a_smem = smem["a"].at[wg] if ops.interpret else None
     streams = _dq_streams(cfg, ops)
 
-    def step(j, dq):
+    def step(j, carry):
+        dq, tab = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in streams:
             plgpu.barrier_wait(bars[name].at[slot])
@@ -719,22 +754,34 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
         ds = p * (dp - rows_of(delta))
         dq = ops.mma_acc(dq, ds.astype(dtype), smem["k"].at[slot], a_smem)
+        if cfg.has_rel:
+            bucket = ops.load(smem["bucket"].at[slot, pl.ds(wg * ROWS, ROWS)],
+                              plgpu.Layout.WGMMA)
+            tab = _table_grad(cfg, ops, tab, bucket, ds, q0, j * bk)
         plgpu.barrier_arrive(bars["free"].at[slot])
-        return dq
+        return dq, tab
 
     def drain(j, carry):
         _release(bars, streams, lax.rem(j - lo, jnp.int32(s)))
         return carry
 
+    zeros = lambda n: ops.layout(jnp.zeros((ROWS, n), jnp.float32),  # noqa: E731
+                                 plgpu.Layout.WGMMA)
+    init = (zeros(d), zeros(cfg.num_buckets_pad) if cfg.has_rel else None)
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
-    dq = lax.fori_loop(lo, own_hi, step,
-                       ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA))
+    dq, tab = lax.fori_loop(lo, own_hi, step, init)
     lax.fori_loop(own_hi, hi, drain, 0)
     r["dq"].at[b, rows, h][...] = dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq
+    if cfg.has_rel:  # this warpgroup's partial sums: row 2i + wg of [B, H, 2 nq, NBp]
+        smem["tab"].at[wg][...] = tab.sum(axis=0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem["tab"].at[wg], r["dtab"].at[b, h, i * COMPUTE_WGS + wg])
+        plgpu.wait_smem_to_gmem(0)
 
 
 def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
-    r = dict(zip(names + ["dq"], refs, strict=True))
+    outs = ["dq"] + (["dtab"] if cfg.has_rel else [])
+    r = dict(zip(names + outs, refs, strict=True))
     b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
     lo, hi = _k_range(cfg, r, b, i)
 
@@ -753,6 +800,10 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
                 sources["vt"] = lambda j: r["vt"].at[b, hk, :, ks(j)]
             else:
                 sources["v"] = lambda j: r["v"].at[b, ks(j), hk]
+            if cfg.has_rel:  # the bands' columns for offsets k - q of this tile
+                cols = lambda j: pl.ds(j * bk - i * cfg.block_q + cfg.lq_pad, bk)  # noqa: E731
+                sources["rel"] = lambda j: r["relband"].at[h, :, cols(j)]
+                sources["bucket"] = lambda j: r["bucketband"].at[:, cols(j)]
             if cfg.has_seg:
                 sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
             if cfg.has_prefix:
@@ -762,9 +813,9 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
     pl.run_scoped(body, *_dq_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
 
 
-def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> jax.Array:
-    """dQ `[B, Lq_pad, H, Dp]` f32 without a T5 table (the Triton dQ kernel reduces its
-    gradient), at the forward's blocks."""
+def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
+    """(dQ `[B, Lq_pad, H, Dp]` f32, the table gradient's partial sums `[B, H, 2 nq, NBp]` f32
+    or None), as `_flash_triton.backward`'s."""
     ops = _Ops(cfg.interpret)
     args = {"q": q, "k": k, "do": do, "lse": lse, "delta": delta}
     if ops.interpret:
@@ -772,29 +823,32 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> jax.Array:
         args["vt"] = jnp.transpose(v, (0, 2, 3, 1))
     else:
         args["v"] = v
+    if cfg.has_rel:
+        args["relband"], args["bucketband"] = gpu_inputs.rel_bands(cfg, side["tab"])
     if cfg.has_seg:
         args.update(qseg=side["qseg"], kseg=side["kseg"])
-        bounds = _flash_triton._segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        bounds = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
         args.update(klo=bounds["klo"], khi=bounds["khi"])
     if cfg.has_prefix:
         args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
     names = list(args)
+    out = [jax.ShapeDtypeStruct(q.shape, jnp.float32)]
+    if cfg.has_rel:
+        out.append(jax.ShapeDtypeStruct(
+            (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32))
     call = plgpu.kernel(
         functools.partial(_dq_kernel, cfg=cfg, names=names, ops=ops),
-        out_type=jax.ShapeDtypeStruct(q.shape, jnp.float32),
-        grid=(cfg.num_heads, cfg.nq, q.shape[0]), grid_names=("h", "q", "b"),
-        num_threads=COMPUTE_WGS + 1, thread_name="wg",
+        out_type=tuple(out), grid=(cfg.num_heads, cfg.nq, q.shape[0]),
+        grid_names=("h", "q", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
         kernel_name="t5x_like_flash_bwd_dq_hopper", **_call_params(ops))
-    return call(*args.values())
+    res = call(*args.values())
+    return res[0], (res[1] if cfg.has_rel else None)
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """`_flash_triton.backward`'s contract: dK/dV from the Hopper kernel, and dQ from the Hopper
-    dQ kernel, or with a T5 table from the Triton dQ kernel (which reduces the table's
-    gradient)."""
-    delta = _flash_triton.delta_of(o, do)
+    """`_flash_triton.backward`'s contract, from the Hopper dK/dV and dQ kernels (dQ also
+    reduces the T5 table's gradient)."""
+    delta = gpu_inputs.delta_of(o, do)
     dk, dv = _dkdv(_dkdv_cfg(cfg), q, k, v, side, lse, delta, do)
-    if cfg.has_rel:
-        dq, _, _, dtab, _ = _flash_triton.backward(cfg, q, k, v, side, o, lse, do, dkdv=False)
-        return dq, dk, dv, dtab, None
-    return _dq(cfg, q, k, v, side, lse, delta, do), dk, dv, None, None
+    dq, dtab = _dq(_dq_cfg(cfg), q, k, v, side, lse, delta, do)
+    return dq, dk, dv, dtab, None

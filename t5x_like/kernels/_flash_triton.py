@@ -3,15 +3,15 @@
 Grid `(B, H, n_blocks)`; each program owns one q block (forward, dQ) or one k block (dK/dV) and
 loops over the other axis with `fori_loop`, so skipped blocks are never loaded or computed:
 causal programs stop at the diagonal (or at the end of the prefix), and with segment ids the loop
-bounds (precomputed per block, `_segment_block_ranges`) leave out blocks whose segment ranges do
-not overlap (packing, padding). The loop bodies hold no nested loop and no `cond` around loads,
-so Triton software-pipelines the k/v (q/dO) loads (cp.async, TMA). The kv head of a
-q head is chosen in the BlockSpec index map (`h // group`), so GQA/MQA never repeats k/v.
+bounds (precomputed per block, `gpu_inputs.segment_block_ranges`) leave out blocks whose segment
+ranges do not overlap (packing, padding). The loop bodies hold no nested loop and no `cond`
+around loads, so Triton software-pipelines the k/v (q/dO) loads (cp.async, TMA). The kv head of
+a q head is chosen in the BlockSpec index map (`h // group`), so GQA/MQA never repeats k/v.
 
 All array arguments are already padded by `flash.py`: lengths to block multiples, head_dim to a
 power of two, the bucket table to `[H, num_buckets_pad]`. The table is turned into bias / bucket
-bands here (`_rel_bands`) so the k loop loads the T5 bias instead of looping over buckets. The
-backward kernels run with the `bwd_*` blocks of `FlashConfig`.
+bands (`gpu_inputs.rel_bands`) so the k loop loads the T5 bias instead of looping over buckets.
+The backward kernels run with the `bwd_*` blocks of `FlashConfig`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from t5x_like.kernels import _flash_common as common
+from t5x_like.kernels import _flash_gpu_inputs as gpu_inputs
 from t5x_like.kernels._flash_common import FlashConfig, dot
 
 
@@ -58,68 +59,9 @@ def _call(cfg: FlashConfig, kernel, kind: str, names: list[str], args: dict, spe
     )(*[args[n] for n in names])
 
 
-def _offset_row_width(cfg: FlashConfig) -> int:
-    """Columns of the T5 bias bands: lq_pad + lk_pad, rounded up to a power of two."""
-    return 1 << (cfg.lq_pad + cfg.lk_pad - 1).bit_length()
-
-
-def _rel_bands(cfg: FlashConfig, table: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """T5 bias and bucket "bands" from the padded table `[H, num_buckets_pad]`.
-
-    Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
-    a contiguous run shifted by i. The bands store those shifted runs: with column
-    x = k - q + lq_pad + i, relband[h, i, x] = table[h, bucket(x - i - lq_pad)] f32
-    `[H, block_q, W]` and bucketband[i, x] the bucket ids `[block_q, W]` int32, so a tile's bias
-    is the plain, 16-aligned block load relband[h, :, c:c + block_k], c = k0 - q0 + lq_pad. The
-    k loop then has no bucket math, no loop over buckets and no gather: Triton software-pipelines
-    it (cp.async / TMA). Cost: H * block_q * W * 4 bytes, O(length).
-    """
-    width = _offset_row_width(cfg)
-    x = jnp.arange(width, dtype=jnp.int32)[None, :]
-    rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
-    bucketband = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
-    bucketband = bucketband.reshape(cfg.block_q, width)
-    relband = jnp.take(table.astype(jnp.float32), bucketband, axis=1)
-    return relband, bucketband
-
-
 def _only(names: list[str], *drop: str) -> list[str]:
     """The side-input names one kernel takes: all but `drop`."""
     return [n for n in names if n not in drop]
-
-
-def _block_segment_range(seg: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
-    """(min nonzero, max) segment id per block of `seg` [B, L] -> two [B, L // block]."""
-    blocks = seg.reshape(seg.shape[0], -1, block)
-    big = jnp.iinfo(jnp.int32).max
-    return jnp.min(jnp.where(blocks == 0, big, blocks), axis=2), jnp.max(blocks, axis=2)
-
-
-def _first_last(overlap: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[..., n] bool -> (first True index, last True index + 1), (0, 0) where none."""
-    n = overlap.shape[-1]
-    some = jnp.any(overlap, axis=-1)
-    first = jnp.argmax(overlap, axis=-1)
-    last = n - jnp.argmax(overlap[..., ::-1], axis=-1)
-    return (jnp.where(some, first, 0).astype(jnp.int32),
-            jnp.where(some, last, 0).astype(jnp.int32))
-
-
-def _segment_block_ranges(cfg: FlashConfig, qseg: jax.Array, kseg: jax.Array) -> dict:
-    """Loop bounds from segment ids: per q block the k blocks [klo, khi) and per k block the q
-    blocks [qlo, qhi) whose nonzero segment ranges overlap, each `[B, n_blocks]` int32.
-
-    Blocks outside the bounds are fully masked, so the kernels skip them by loop bounds instead
-    of a `cond` around the loads (which would stop Triton's software pipelining). With packed
-    (sorted) ids the bounds are exact; with unsorted ids they are a superset, still correct.
-    """
-    qmin, qmax = _block_segment_range(qseg, cfg.block_q)
-    kmin, kmax = _block_segment_range(kseg, cfg.block_k)
-    overlap = (jnp.maximum(qmin[:, :, None], kmin[:, None, :])
-               <= jnp.minimum(qmax[:, :, None], kmax[:, None, :]))  # [B, nq, nk]
-    klo, khi = _first_last(overlap)
-    qlo, qhi = _first_last(jnp.swapaxes(overlap, 1, 2))
-    return {"klo": klo, "khi": khi, "qlo": qlo, "qhi": qhi}
 
 
 def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, list[str]]:
@@ -127,10 +69,10 @@ def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, lis
     bands, segment ids add per-block loop bounds."""
     side = dict(side)
     if cfg.has_rel:
-        side["relband"], side["bucketband"] = _rel_bands(cfg, side.pop("tab"))
+        side["relband"], side["bucketband"] = gpu_inputs.rel_bands(cfg, side.pop("tab"))
         names = [n for n in names if n != "tab"] + ["relband", "bucketband"]
     if cfg.has_seg:
-        side.update(_segment_block_ranges(cfg, side["qseg"], side["kseg"]))
+        side.update(gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"]))
         names = names + ["klo", "khi", "qlo", "qhi"]
     return side, names
 
@@ -182,7 +124,7 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
         specs["pq"], specs["pk"] = q_row, k_row
         specs["plen"] = pl.BlockSpec((None,), lambda b, h, i: (b,))
     if cfg.has_rel:
-        width = _offset_row_width(cfg)
+        width = gpu_inputs.offset_row_width(cfg)
         specs["relband"] = pl.BlockSpec((None, bq, width), lambda b, h, i: (h, 0, 0))
         specs["bucketband"] = pl.BlockSpec((bq, width), lambda b, h, i: (0, 0))
     if cfg.has_bias:  # [bq, Lk] rows or [Lq, bk] columns; batch / head 0 when broadcast
@@ -354,32 +296,24 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         r["dtab"][...] = jnp.sum(dtab, axis=0)
 
 
-def delta_of(o: jax.Array, do: jax.Array) -> jax.Array:
-    """Δ [B, H, Lq] = rowsum(o · dO) in f32, the softmax backward's per-row term."""
-    return jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
-
-
-def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do, *, dkdv: bool = True):
-    """Returns (dq [B,Lq_pad,H,Dp] f32, dk/dv per q head [B,Lk_pad,H,Dp] f32 (None, None when
-    not `dkdv`: the Hopper backend computes them), dtab partials [B,H,nq,NBp] f32 | None,
-    dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
+def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
+    """Returns (dq [B,Lq_pad,H,Dp] f32, dk/dv per q head [B,Lk_pad,H,Dp] f32,
+    dtab partials [B,H,nq,NBp] f32 | None, dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
     cfg = cfg.for_backward()
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
-    delta = delta_of(o, do)
+    delta = gpu_inputs.delta_of(o, do)
     side, names = _gpu_side(cfg, side, ["q", "k", "v", "do", "lse", "delta"]
                             + common.side_names(cfg))
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
     dkdv_names = _only(names, "bucketband", "klo", "khi")
     names = _only(names, "qlo", "qhi")
 
-    dk = dv = None
-    if dkdv:
-        per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
-        own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
-        dk, dv = _call(cfg, _dkdv_kernel, "dkdv", dkdv_names, args,
-                       {**_main_specs(cfg, False), **_row_specs(cfg, False)},
-                       out_shape=(per_head_kv, per_head_kv), out_specs=(own_k, own_k),
-                       name="t5x_like_flash_bwd_dkdv")
+    per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
+    own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
+    dk, dv = _call(cfg, _dkdv_kernel, "dkdv", dkdv_names, args,
+                   {**_main_specs(cfg, False), **_row_specs(cfg, False)},
+                   out_shape=(per_head_kv, per_head_kv), out_specs=(own_k, own_k),
+                   name="t5x_like_flash_bwd_dkdv")
 
     qspecs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     outs = {"dq": (jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), jnp.float32), qspecs["q"])}

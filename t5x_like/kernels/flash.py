@@ -7,8 +7,8 @@ kernels into `jax.custom_vjp`:
 - `backend='triton'`: `_flash_triton.py` (Pallas on Triton, GPU; CPU runs it with `interpret=True`).
 - `backend='mosaic_gpu'`: `_flash_mosaic_gpu.py`, Hopper (sm_90a) kernels in Pallas on Mosaic GPU
   (warp-specialised, TMA + wgmma; bf16, head_dim 64/128, no dense bias): forward, dK/dV and
-  dQ, with the Triton dQ kernel instead where a T5 table's gradient is needed; CPU runs them in
-  Pallas' GPU interpreter. Opt-in until a GPU measures it.
+  dQ (with the T5 table's gradient); CPU runs them in Pallas' GPU interpreter. Opt-in until a
+  GPU measures it.
 - `backend='mosaic_tpu'`: `_flash_tpu.py` (Pallas Mosaic TPU; CPU runs it in TPU interpret mode).
 - `backend='auto'`: triton on GPU and CPU, mosaic_tpu on TPU.
 
@@ -29,7 +29,7 @@ in it (tiles farther than `max_distance` from the diagonal hold one bucket: one 
 writes the result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside
 gives `[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory.
 On GPU the tile's bias and bucket ids are block loads from precomputed bands and the per-bucket
-sums need no cross-warp reduction in the pipelined k loop (`_flash_triton._rel_bands`,
+sums need no cross-warp reduction in the pipelined k loop (`_flash_gpu_inputs.rel_bands`,
 `_rel_grad_tile`; 1.28x faster T5 fwd+bwd at length 4096 on an H100, `benchmarks/h100/`). The
 dense-bias gradient is dS itself, written tile by tile by the same kernel (and summed outside
 over broadcast batch/head dims).

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.kernels import _flash_triton, flash
+from t5x_like.kernels import _flash_gpu_inputs, flash
 from t5x_like.kernels._flash_common import FlashConfig
 from t5x_like.kernels._flash_reference import reference_attention
 from t5x_like.kernels.relpos import relative_position_bucket
@@ -106,7 +106,7 @@ def test_rel_band_tiles_are_the_table_lookup(bidirectional: bool) -> None:
     """Every [bq, bk] tile sliced from the bands equals table[bucket(k - q)]."""
     cfg = _cfg(rel_bidirectional=bidirectional)
     table = jnp.asarray(np.random.default_rng(0).standard_normal((2, 32)), jnp.float32)
-    relband, bucketband = _flash_triton._rel_bands(cfg, table)
+    relband, bucketband = _flash_gpu_inputs.rel_bands(cfg, table)
     bq, bk = cfg.block_q, cfg.block_k
     for q0 in range(0, cfg.lq_pad, bq):
         for k0 in range(0, cfg.lk_pad, bk):
@@ -124,7 +124,7 @@ def test_segment_loop_bounds_cover_exactly_the_overlapping_blocks() -> None:
     seg = np.sort(rng.integers(0, 5, size=(3, 96)), axis=1)
     seg[0, 60:] = 0  # trailing padding
     seg[2] = rng.integers(0, 4, size=96)  # unsorted: bounds may be a superset
-    got = _flash_triton._segment_block_ranges(cfg, jnp.asarray(seg), jnp.asarray(seg))
+    got = _flash_gpu_inputs.segment_block_ranges(cfg, jnp.asarray(seg), jnp.asarray(seg))
     blocks = seg.reshape(3, 6, 16)
     ids = [[set(b[b != 0]) for b in row] for row in blocks]
     for b in range(3):

@@ -1,0 +1,76 @@
+"""Inputs both GPU backends (Triton, Mosaic GPU) derive outside their kernels, in XLA: the T5
+bias and bucket-id bands (a tile's bias becomes a block load), per-block segment ranges (loop
+bounds that skip blocks sharing no segment) and the backward's Δ."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from t5x_like.kernels import _flash_common as common
+from t5x_like.kernels._flash_common import FlashConfig
+
+
+def offset_row_width(cfg: FlashConfig) -> int:
+    """Columns of the T5 bias bands: lq_pad + lk_pad, rounded up to a power of two."""
+    return 1 << (cfg.lq_pad + cfg.lk_pad - 1).bit_length()
+
+
+def rel_bands(cfg: FlashConfig, table: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """T5 bias and bucket "bands" from the padded table `[H, num_buckets_pad]`.
+
+    Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
+    a contiguous run shifted by i. The bands store those shifted runs: with column
+    x = k - q + lq_pad + i, relband[h, i, x] = table[h, bucket(x - i - lq_pad)] f32
+    `[H, block_q, W]` and bucketband[i, x] the bucket ids `[block_q, W]` int32, so a tile's bias
+    is the plain, 16-aligned block load relband[h, :, c:c + block_k], c = k0 - q0 + lq_pad. The
+    k loop then has no bucket math, no loop over buckets and no gather: Triton software-pipelines
+    it (cp.async / TMA), Mosaic GPU loads it by TMA. Cost: H * block_q * W * 4 bytes, O(length).
+    """
+    width = offset_row_width(cfg)
+    x = jnp.arange(width, dtype=jnp.int32)[None, :]
+    rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
+    bucketband = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
+    bucketband = bucketband.reshape(cfg.block_q, width)
+    relband = jnp.take(table.astype(jnp.float32), bucketband, axis=1)
+    return relband, bucketband
+
+
+def _block_segment_range(seg: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """(min nonzero, max) segment id per block of `seg` [B, L] -> two [B, L // block]."""
+    blocks = seg.reshape(seg.shape[0], -1, block)
+    big = jnp.iinfo(jnp.int32).max
+    return jnp.min(jnp.where(blocks == 0, big, blocks), axis=2), jnp.max(blocks, axis=2)
+
+
+def _first_last(overlap: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[..., n] bool -> (first True index, last True index + 1), (0, 0) where none."""
+    n = overlap.shape[-1]
+    some = jnp.any(overlap, axis=-1)
+    first = jnp.argmax(overlap, axis=-1)
+    last = n - jnp.argmax(overlap[..., ::-1], axis=-1)
+    return (jnp.where(some, first, 0).astype(jnp.int32),
+            jnp.where(some, last, 0).astype(jnp.int32))
+
+
+def segment_block_ranges(cfg: FlashConfig, qseg: jax.Array, kseg: jax.Array) -> dict:
+    """Loop bounds from segment ids: per q block the k blocks [klo, khi) and per k block the q
+    blocks [qlo, qhi) whose nonzero segment ranges overlap, each `[B, n_blocks]` int32.
+
+    Blocks outside the bounds are fully masked, so the kernels skip them by loop bounds instead
+    of a `cond` around the loads (which would stop Triton's software pipelining, and would leave
+    the Mosaic GPU kernels' producer and consumers disagreeing on the steps). With packed
+    (sorted) ids the bounds are exact; with unsorted ids they are a superset, still correct.
+    """
+    qmin, qmax = _block_segment_range(qseg, cfg.block_q)
+    kmin, kmax = _block_segment_range(kseg, cfg.block_k)
+    overlap = (jnp.maximum(qmin[:, :, None], kmin[:, None, :])
+               <= jnp.minimum(qmax[:, :, None], kmax[:, None, :]))  # [B, nq, nk]
+    klo, khi = _first_last(overlap)
+    qlo, qhi = _first_last(jnp.swapaxes(overlap, 1, 2))
+    return {"klo": klo, "khi": khi, "qlo": qlo, "qhi": qhi}
+
+
+def delta_of(o: jax.Array, do: jax.Array) -> jax.Array:
+    """Δ [B, H, Lq] = rowsum(o · dO) in f32, the softmax backward's per-row term."""
+    return jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
