@@ -28,24 +28,21 @@ wgmma takes its register operand untransposed. dQ also reduces the T5 table's gr
 tile, a masked row sum of dS per bucket the tile can hold (`_table_grad`), the buckets read
 from the bucket band like the bias.
 
-**Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU interpreter, which
-simulates the warpgroups, shared memory, TMA and barriers (it checks that every barrier phase
-is observed, and `interpreter_options(detect_races=True)` adds a race detector) but lacks
-three things the compiled kernels use. `_Ops` swaps each for an equivalent that moves data
-differently and computes the same: a transposed operand comes from a transposed copy in HBM
-instead of a transposed view of its slot; a register operand of wgmma goes through shared
-memory (there operands must be refs); layouts are not cast.
+The warp-specialised machinery (producer, barriers, what differs in interpret mode) is
+`_mosaic_gpu_pipeline`. **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU
+interpreter, which simulates the warpgroups, shared memory, TMA and barriers (it checks that
+every barrier phase is observed; `interpreter_options(detect_races=True)` adds a race
+detector) but lacks three things the compiled kernels use. `Ops` swaps each for an equivalent
+that moves data differently and computes the same: a transposed operand comes from a
+transposed copy in HBM instead of a transposed view of its slot; a register operand of wgmma
+goes through shared memory (there operands must be refs); layouts are not cast.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -56,9 +53,17 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels import _flash_gpu_inputs as gpu_inputs
 from t5x_like.kernels._flash_common import NEG_INF, FlashConfig
+from t5x_like.kernels._mosaic_gpu_pipeline import (
+    COMPUTE_WGS,
+    ROWS,
+    Ops,
+    barriers,
+    call_params,
+    load_own,
+    produce,
+    release,
+)
 
-ROWS = 64  # query rows per compute warpgroup: one wgmma M
-COMPUTE_WGS = 2
 BLOCK_Q = ROWS * COMPUTE_WGS
 HEAD_DIMS = (64, 128)
 BLOCK_KS = (64, 128)
@@ -97,53 +102,6 @@ def unsupported(cfg: FlashConfig, dtype) -> str | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Ops:
-    """The operations that differ between the compiled kernels and Pallas' GPU interpreter."""
-
-    interpret: bool
-
-    def layout(self, x: jax.Array, layout) -> jax.Array:
-        return x if self.interpret else plgpu.layout_cast(x, layout)
-
-    def load(self, ref, layout) -> jax.Array:
-        return ref[...] if self.interpret else plgpu.load(ref, (), layout=layout)
-
-    def iota(self, shape: tuple[int, int], dim: int) -> jax.Array:
-        if self.interpret:
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
-
-    def transposed(self, smem: dict, name: str, slot):
-        """The slot's tile of stream `name`, transposed: a view of it when compiled; the
-        interpreter streams the transpose itself, as `name + "t"`."""
-        if self.interpret:
-            return smem[name + "t"].at[slot]
-        return plgpu.transpose_ref(smem[name].at[slot], (1, 0))
-
-    def scores(self, a_smem, bt, n: int) -> jax.Array:
-        """a bᵀ [64, n] f32 from a [64, D] in shared memory and bᵀ [D, n] (`transposed`)."""
-
-        def run(acc):
-            plgpu.wgmma(acc, a_smem, bt)
-            return acc[...]
-
-        return pl.run_scoped(run, plgpu.ACC((ROWS, n), jnp.float32))
-
-    def mma_acc(self, acc: jax.Array, a: jax.Array, b_ref, a_smem) -> jax.Array:
-        """acc + a b: a [64, n] in b's dtype (registers), b [n, D] in shared memory. The
-        interpreter takes wgmma operands from refs only: there `a` goes through `a_smem`."""
-        if not self.interpret:  # accumulate in place
-            return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
-        a_smem[...] = a
-
-        def run(ref):
-            plgpu.wgmma(ref, a_smem, b_ref)
-            return ref[...]
-
-        return acc + pl.run_scoped(run, plgpu.ACC(acc.shape, jnp.float32))
-
-
 def _causal_end(cfg: FlashConfig, r: dict, b, q0, rows: int) -> jax.Array:
     """One past the last k block that query rows [q0, q0 + rows) can see under a causal mask:
     the diagonal's block, or the prefix's last when the rows start inside the prefix."""
@@ -165,13 +123,13 @@ def _k_range(cfg: FlashConfig, r: dict, b, i) -> tuple[jax.Array, jax.Array]:
     return lo, jnp.maximum(hi, lo)
 
 
-def _streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
+def _streams(cfg: FlashConfig, ops: Ops) -> list[str]:
     """The per-k-block tiles the forward's producer streams."""
     return (["v", "kt" if ops.interpret else "k"] + (["rel"] if cfg.has_rel else [])
             + (["kseg"] if cfg.has_seg else []) + (["pk"] if cfg.has_prefix else []))
 
 
-def _scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
+def _scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     """Shared-memory buffers and barriers of one CTA."""
     s, bk, d = cfg.num_stages, cfg.block_k, cfg.head_dim_pad
     tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -194,45 +152,10 @@ def _scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
     if ops.interpret:
         smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
     own = ["q"] + (["qseg"] if cfg.has_seg else []) + (["pq"] if cfg.has_prefix else [])
-    barriers = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
-    barriers.update({n: plgpu.Barrier(num_barriers=s) for n in _streams(cfg, ops)})
-    barriers["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=s)
-    return smem, barriers
+    return smem, barriers(own, _streams(cfg, ops), s)
 
 
-def _produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: _Ops) -> None:
-    """The producer warpgroup: for each step j in [lo, hi), TMA `sources[name](j)` into slot
-    (j - lo) % stages of `smem[name]` (completing `bars[name]` of that slot) once both compute
-    warpgroups have freed the slot; at the end, wait for each slot's last use (so every phase
-    of the "free" barriers is observed)."""
-    if not ops.interpret:
-        plgpu.set_max_registers(40, action="decrease")
-
-    @pl.loop(lo, hi)
-    def _(j):
-        n = j - lo
-        slot = lax.rem(n, jnp.int32(stages))
-
-        @pl.when(n >= stages)
-        def _():
-            plgpu.barrier_wait(bars["free"].at[slot])
-
-        for name, src in sources.items():
-            plgpu.copy_gmem_to_smem(src(j), smem[name].at[slot], bars[name].at[slot])
-
-    for slot in range(stages):
-        pl.when(hi - lo > slot)(functools.partial(plgpu.barrier_wait, bars["free"].at[slot]))
-
-
-def _load_own(smem: dict, bars: dict, sources: dict, wg) -> None:
-    """A compute warpgroup's own tiles (loaded once): TMA each, then wait for all."""
-    for name, src in sources.items():
-        plgpu.copy_gmem_to_smem(src, smem[name].at[wg], bars[f"own_{name}"].at[wg])
-    for name in sources:
-        plgpu.barrier_wait(bars[f"own_{name}"].at[wg])
-
-
-def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, ops: _Ops):
+def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, ops: Ops):
     """The forward's producer: k blocks [lo, hi)."""
     bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
     ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
@@ -248,10 +171,10 @@ def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
     if cfg.has_prefix:
         sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
-    _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
+    produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
 
 
-def _query_row_vectors(cfg: FlashConfig, ops: _Ops, smem: dict, wg) -> tuple:
+def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
     """The warpgroup's query segment ids and prefix flags as [64] row vectors (None if absent),
     broadcast to the tile inside the loop: a [64, block_k] int tile held across the loop would
     cost 32 registers a thread."""
@@ -260,7 +183,7 @@ def _query_row_vectors(cfg: FlashConfig, ops: _Ops, smem: dict, wg) -> tuple:
             ops.load(smem["pq"].at[wg], layout) if cfg.has_prefix else None)
 
 
-def _query_row_logits(cfg: FlashConfig, ops: _Ops, smem: dict, slot, wg, q_smem, q0, k0,
+def _query_row_logits(cfg: FlashConfig, ops: Ops, smem: dict, slot, wg, q_smem, q0, k0,
                       qseg, pq) -> jax.Array:
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (q0...) against the
     slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf."""
@@ -289,15 +212,7 @@ def _query_row_logits(cfg: FlashConfig, ops: _Ops, smem: dict, slot, wg, q_smem,
     return x if allowed is None else jnp.where(allowed, x, NEG_INF)
 
 
-def _release(bars: dict, streams: list[str], slot) -> None:
-    """A block a warpgroup's rows cannot see: wait for its tiles (every phase is observed),
-    then free the slot unread."""
-    for name in streams:
-        plgpu.barrier_wait(bars[name].at[slot])
-    plgpu.barrier_arrive(bars["free"].at[slot])
-
-
-def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg, ops: _Ops):
+def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg, ops: Ops):
     """Online softmax over k blocks [lo, hi) for the warpgroup's 64 query rows."""
     if not ops.interpret:
         plgpu.set_max_registers(232, action="increase")
@@ -310,7 +225,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         own["qseg"] = r["qseg"].at[b, rows]
     if cfg.has_prefix:
         own["pq"] = r["pq"].at[b, rows]
-    _load_own(smem, bars, own, wg)
+    load_own(smem, bars, own, wg)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
     qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
@@ -336,7 +251,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         return m_new, denom, acc
 
     def drain(j, carry):
-        _release(bars, _streams(cfg, ops), lax.rem(j - lo, jnp.int32(s)))
+        release(bars, _streams(cfg, ops), lax.rem(j - lo, jnp.int32(s)))
         return carry
 
     init = (ops.layout(jnp.full((ROWS,), NEG_INF, jnp.float32), row_layout),
@@ -356,7 +271,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     plgpu.wait_smem_to_gmem(0)
 
 
-def _kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
+def _kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
     r = dict(zip(names + ["o", "lse"], refs, strict=True))
     b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
     lo, hi = _k_range(cfg, r, b, i)
@@ -370,29 +285,16 @@ def _kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
     pl.run_scoped(body, *_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
 
 
-_INTERPRET_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    "t5x_like_mosaic_gpu_interpret_options", default=None)
-
-
-@contextlib.contextmanager
-def interpreter_options(**options: Any) -> Iterator[None]:
-    """Inside the block, this backend's kernels that run in interpret mode get these
-    `InterpretGPUParams` fields, e.g. `detect_races=True` (the tests' race check; the Triton
-    kernels of the same call are untouched, unlike under jax's `force_gpu_interpret_mode`)."""
-    token = _INTERPRET_OPTIONS.set(options)
-    try:
-        yield
-    finally:
-        _INTERPRET_OPTIONS.reset(token)
-
-
-def _call_params(ops: _Ops) -> dict:
-    """`plgpu.kernel` keywords: the GPU interpreter, or the compiler's fast exp2."""
-    if ops.interpret:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-        return {"interpret": InterpretGPUParams(**(_INTERPRET_OPTIONS.get() or {}))}
-    return {"compiler_params": plgpu.CompilerParams(approx_math=True)}
+def _side_args(cfg: FlashConfig, side: dict, bounds: tuple[str, str]) -> dict:
+    """A kernel's side inputs: segment ids with the per-block loop bounds it takes (("klo", "khi")
+    for the q-block kernels, ("qlo", "qhi") for dK/dV), prefix flags and prefix lengths."""
+    args = {}
+    if cfg.has_seg:
+        ranges = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        args.update(qseg=side["qseg"], kseg=side["kseg"], **{n: ranges[n] for n in bounds})
+    if cfg.has_prefix:
+        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    return args
 
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
@@ -400,7 +302,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
     reason = unsupported(cfg, q.dtype)
     if reason:
         raise ValueError(f"backend 'mosaic_gpu' cannot run this call: {reason}")
-    ops = _Ops(cfg.interpret)
+    ops = Ops(cfg.interpret)
     args = {"q": q, "v": v}
     if ops.interpret:
         args["kt"] = jnp.transpose(k, (0, 2, 3, 1))  # [B, Hkv, D, Lk]
@@ -408,12 +310,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
         args["k"] = k
     if cfg.has_rel:
         args["relband"] = gpu_inputs.rel_bands(cfg, side["tab"])[0]
-    if cfg.has_seg:
-        args.update(qseg=side["qseg"], kseg=side["kseg"])
-        bounds = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
-        args.update(klo=bounds["klo"], khi=bounds["khi"])
-    if cfg.has_prefix:
-        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    args.update(_side_args(cfg, side, ("klo", "khi")))
     names = list(args)
     batch = q.shape[0]
     call = plgpu.kernel(
@@ -422,7 +319,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
                   jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)),
         grid=(cfg.num_heads, cfg.nq, batch), grid_names=("h", "q", "b"),
         num_threads=COMPUTE_WGS + 1, thread_name="wg", kernel_name="t5x_like_flash_fwd_hopper",
-        **_call_params(ops))
+        **call_params(ops))
     return call(*args.values())
 
 
@@ -469,14 +366,14 @@ def _causal_start(cfg: FlashConfig, r: dict, b, k0) -> jax.Array:
     return lo
 
 
-def _dkdv_streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
+def _dkdv_streams(cfg: FlashConfig, ops: Ops) -> list[str]:
     """The per-q-block tiles the dK/dV producer streams."""
     return (["q", "do", "lse", "delta"] + (["qt", "dot"] if ops.interpret else [])
             + (["rel"] if cfg.has_rel else []) + (["qseg"] if cfg.has_seg else [])
             + (["pq"] if cfg.has_prefix else []))
 
 
-def _dkdv_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
+def _dkdv_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     s, bq, d = cfg.num_stages, cfg.block_q, cfg.head_dim_pad
     # dK += dSᵀ q contracts over the tile's bq rows: a swizzle of at most bq 16-bit elements,
     # and wgmma wants the same swizzle on both operands of kqᵀ and v dOᵀ.
@@ -502,14 +399,11 @@ def _dkdv_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
         smem["pq"] = plgpu.SMEM((s, bq), jnp.int32)
         smem["pk"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         own.append("pk")
-    bars = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
-    bars.update({n: plgpu.Barrier(num_barriers=s) for n in _dkdv_streams(cfg, ops)})
-    bars["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=s)
-    return smem, bars
+    return smem, barriers(own, _dkdv_streams(cfg, ops), s)
 
 
 def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, lo, hi, wg,
-                   ops: _Ops):
+                   ops: Ops):
     """dK, dV of the warpgroup's 64 keys over q blocks [lo, hi), in the transposed frame (keys
     as rows, so no operand is transposed in registers):
 
@@ -527,7 +421,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         own["kseg"] = r["kseg"].at[b, keys]
     if cfg.has_prefix:
         own["pk"] = r["pk"].at[b, keys]
-    _load_own(smem, bars, own, wg)
+    load_own(smem, bars, own, wg)
     row_layout, col_layout = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
     shape = (ROWS, bq)
     rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
@@ -576,7 +470,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         return dk, dv
 
     def drain(i, carry):
-        _release(bars, streams, lax.rem(i - lo, jnp.int32(s)))
+        release(bars, streams, lax.rem(i - lo, jnp.int32(s)))
         return carry
 
     zeros = ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
@@ -588,7 +482,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     r["dv"].at[b, keys, h][...] = dv
 
 
-def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
+def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
     r = dict(zip(names + ["dk", "dv"], refs, strict=True))
     b, h, j = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("k")
     lo, hi = _q_range(cfg, r, b, j)
@@ -616,26 +510,21 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
                 sources["qseg"] = lambda i: r["qseg"].at[b, rows(i)]
             if cfg.has_prefix:
                 sources["pq"] = lambda i: r["pq"].at[b, rows(i)]
-            _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
+            produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
 
     pl.run_scoped(body, *_dkdv_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
 
 
 def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Array, jax.Array]:
     """dK, dV per q head, `[B, Lk_pad, H, Dp]` f32 (as `_flash_triton.backward`'s)."""
-    ops = _Ops(cfg.interpret)
+    ops = Ops(cfg.interpret)
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta}
     if ops.interpret:
         args["qt"] = jnp.transpose(q, (0, 2, 3, 1))  # [B, H, D, Lq]
         args["dot"] = jnp.transpose(do, (0, 2, 3, 1))
     if cfg.has_rel:
         args["relbandt"] = _rel_bands_t(cfg, side["tab"])
-    if cfg.has_seg:
-        args.update(qseg=side["qseg"], kseg=side["kseg"])
-        bounds = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
-        args.update(qlo=bounds["qlo"], qhi=bounds["qhi"])
-    if cfg.has_prefix:
-        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    args.update(_side_args(cfg, side, ("qlo", "qhi")))
     names = list(args)
     per_head = jax.ShapeDtypeStruct((q.shape[0], cfg.lk_pad, cfg.num_heads, cfg.head_dim_pad),
                                     jnp.float32)
@@ -643,7 +532,7 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         functools.partial(_dkdv_kernel, cfg=cfg, names=names, ops=ops),
         out_type=(per_head, per_head), grid=(cfg.num_heads, cfg.nk, q.shape[0]),
         grid_names=("h", "k", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
-        kernel_name="t5x_like_flash_bwd_dkdv_hopper", **_call_params(ops))
+        kernel_name="t5x_like_flash_bwd_dkdv_hopper", **call_params(ops))
     return call(*args.values())
 
 
@@ -654,7 +543,7 @@ def _dq_cfg(cfg: FlashConfig) -> FlashConfig:
     return dataclasses.replace(cfg, block_k=32 if cfg.has_rel and cfg.head_dim_pad > 64 else 64)
 
 
-def _dq_streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
+def _dq_streams(cfg: FlashConfig, ops: Ops) -> list[str]:
     """The per-k-block tiles the dQ producer streams: k (and kᵀ, vᵀ in interpret mode), with a
     table its bias and bucket-id tiles."""
     return (["k"] + (["kt", "vt"] if ops.interpret else ["v"])
@@ -662,7 +551,7 @@ def _dq_streams(cfg: FlashConfig, ops: _Ops) -> list[str]:
             + (["kseg"] if cfg.has_seg else []) + (["pk"] if cfg.has_prefix else []))
 
 
-def _dq_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
+def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     s, bk, d = cfg.num_stages, cfg.block_k, cfg.head_dim_pad
     # dQ += dS k contracts over the tile's bk keys: a swizzle of at most bk 16-bit elements, the
     # same on both operands of q kᵀ and dO vᵀ.
@@ -692,13 +581,10 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: _Ops) -> tuple[dict, dict]:
         smem["pq"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["pk"] = plgpu.SMEM((s, bk), jnp.int32)
         own.append("pq")
-    bars = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
-    bars.update({n: plgpu.Barrier(num_barriers=s) for n in _dq_streams(cfg, ops)})
-    bars["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=s)
-    return smem, bars
+    return smem, barriers(own, _dq_streams(cfg, ops), s)
 
 
-def _table_grad(cfg: FlashConfig, ops: _Ops, acc: jax.Array, bucket: jax.Array, ds: jax.Array,
+def _table_grad(cfg: FlashConfig, ops: Ops, acc: jax.Array, bucket: jax.Array, ds: jax.Array,
                 q0, k0) -> jax.Array:
     """acc [64, NBp] += per query row, dS [64, bk] summed over the keys in each bucket: one
     masked row sum per bucket the tile can hold (`tile_bucket_bounds`, from its corners), each
@@ -716,7 +602,7 @@ def _table_grad(cfg: FlashConfig, ops: _Ops, acc: jax.Array, bucket: jax.Array, 
 
 
 def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
-                 ops: _Ops):
+                 ops: Ops):
     """dQ of the warpgroup's 64 query rows over k blocks [lo, hi), and with a T5 table its
     gradient's partial sums over these rows:
 
@@ -735,7 +621,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         own["qseg"] = r["qseg"].at[b, rows]
     if cfg.has_prefix:
         own["pq"] = r["pq"].at[b, rows]
-    _load_own(smem, bars, own, wg)
+    load_own(smem, bars, own, wg)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
     qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
@@ -762,7 +648,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         return dq, tab
 
     def drain(j, carry):
-        _release(bars, streams, lax.rem(j - lo, jnp.int32(s)))
+        release(bars, streams, lax.rem(j - lo, jnp.int32(s)))
         return carry
 
     zeros = lambda n: ops.layout(jnp.zeros((ROWS, n), jnp.float32),  # noqa: E731
@@ -779,7 +665,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         plgpu.wait_smem_to_gmem(0)
 
 
-def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
+def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
     outs = ["dq"] + (["dtab"] if cfg.has_rel else [])
     r = dict(zip(names + outs, refs, strict=True))
     b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
@@ -808,7 +694,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
                 sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
             if cfg.has_prefix:
                 sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
-            _produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
+            produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
 
     pl.run_scoped(body, *_dq_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
 
@@ -816,7 +702,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: _Ops):
 def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
     """(dQ `[B, Lq_pad, H, Dp]` f32, the table gradient's partial sums `[B, H, 2 nq, NBp]` f32
     or None), as `_flash_triton.backward`'s."""
-    ops = _Ops(cfg.interpret)
+    ops = Ops(cfg.interpret)
     args = {"q": q, "k": k, "do": do, "lse": lse, "delta": delta}
     if ops.interpret:
         args["kt"] = jnp.transpose(k, (0, 2, 3, 1))
@@ -825,12 +711,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
         args["v"] = v
     if cfg.has_rel:
         args["relband"], args["bucketband"] = gpu_inputs.rel_bands(cfg, side["tab"])
-    if cfg.has_seg:
-        args.update(qseg=side["qseg"], kseg=side["kseg"])
-        bounds = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
-        args.update(klo=bounds["klo"], khi=bounds["khi"])
-    if cfg.has_prefix:
-        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    args.update(_side_args(cfg, side, ("klo", "khi")))
     names = list(args)
     out = [jax.ShapeDtypeStruct(q.shape, jnp.float32)]
     if cfg.has_rel:
@@ -840,7 +721,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
         functools.partial(_dq_kernel, cfg=cfg, names=names, ops=ops),
         out_type=tuple(out), grid=(cfg.num_heads, cfg.nq, q.shape[0]),
         grid_names=("h", "q", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
-        kernel_name="t5x_like_flash_bwd_dq_hopper", **_call_params(ops))
+        kernel_name="t5x_like_flash_bwd_dq_hopper", **call_params(ops))
     res = call(*args.values())
     return res[0], (res[1] if cfg.has_rel else None)
 

@@ -187,11 +187,11 @@ def test_mosaic_gpu_kernels_have_no_data_races(test_seed: int) -> None:
     it (the interpreter also fails any barrier phase completed twice before a waiter saw it)."""
     from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
-    from t5x_like.kernels import _flash_mosaic_gpu
+    from t5x_like.kernels import _mosaic_gpu_pipeline
 
     rng = np.random.default_rng(test_seed)
     q, k, v = (jnp.asarray(rng.standard_normal((1, 200, 2, 64)), jnp.bfloat16) for _ in range(3))
-    with _flash_mosaic_gpu.interpreter_options(detect_races=True):
+    with _mosaic_gpu_pipeline.interpreter_options(detect_races=True):
         out, pull = jax.vjp(lambda q, k, v: flash_attention(
             q, k, v, causal=True, backend="mosaic_gpu"), q, k, v)
         grads = jax.block_until_ready(pull(jnp.ones_like(out)))

@@ -1,0 +1,148 @@
+"""The warp-specialised pipeline of the Hopper (Mosaic GPU) flash kernels, apart from their math.
+
+A CTA runs `COMPUTE_WGS` compute warpgroups of `ROWS` rows (one wgmma M each) and one producer
+warpgroup. The producer (`produce`) streams per-step tiles by TMA into a ring of shared-memory
+slots; each stream has a "ready" barrier per slot, and each slot a "free" barrier that every
+compute warpgroup arrives on when done with it (`release` frees a slot unread). `Ops` holds the
+few operations that differ between the compiled kernels and Pallas' GPU interpreter (the CPU
+tests), `call_params` the `plgpu.kernel` keywords of either, `barriers` the barrier set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+ROWS = 64  # rows per compute warpgroup: one wgmma M
+COMPUTE_WGS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+    """The operations that differ between the compiled kernels and Pallas' GPU interpreter."""
+
+    interpret: bool
+
+    def layout(self, x: jax.Array, layout) -> jax.Array:
+        return x if self.interpret else plgpu.layout_cast(x, layout)
+
+    def load(self, ref, layout) -> jax.Array:
+        return ref[...] if self.interpret else plgpu.load(ref, (), layout=layout)
+
+    def iota(self, shape: tuple[int, int], dim: int) -> jax.Array:
+        if self.interpret:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+    def transposed(self, smem: dict, name: str, slot):
+        """The slot's tile of stream `name`, transposed: a view of it when compiled; the
+        interpreter streams the transpose itself, as `name + "t"`."""
+        if self.interpret:
+            return smem[name + "t"].at[slot]
+        return plgpu.transpose_ref(smem[name].at[slot], (1, 0))
+
+    def scores(self, a_smem, bt, n: int) -> jax.Array:
+        """a bᵀ [64, n] f32 from a [64, D] in shared memory and bᵀ [D, n] (`transposed`)."""
+
+        def run(acc):
+            plgpu.wgmma(acc, a_smem, bt)
+            return acc[...]
+
+        return pl.run_scoped(run, plgpu.ACC((ROWS, n), jnp.float32))
+
+    def mma_acc(self, acc: jax.Array, a: jax.Array, b_ref, a_smem) -> jax.Array:
+        """acc + a b: a [64, n] in b's dtype (registers), b [n, D] in shared memory. The
+        interpreter takes wgmma operands from refs only: there `a` goes through `a_smem`."""
+        if not self.interpret:  # accumulate in place
+            return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
+        a_smem[...] = a
+
+        def run(ref):
+            plgpu.wgmma(ref, a_smem, b_ref)
+            return ref[...]
+
+        return acc + pl.run_scoped(run, plgpu.ACC(acc.shape, jnp.float32))
+
+
+def produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: Ops) -> None:
+    """The producer warpgroup: for each step j in [lo, hi), TMA `sources[name](j)` into slot
+    (j - lo) % stages of `smem[name]` (completing `bars[name]` of that slot) once both compute
+    warpgroups have freed the slot; at the end, wait for each slot's last use (so every phase
+    of the "free" barriers is observed)."""
+    if not ops.interpret:
+        plgpu.set_max_registers(40, action="decrease")
+
+    @pl.loop(lo, hi)
+    def _(j):
+        n = j - lo
+        slot = lax.rem(n, jnp.int32(stages))
+
+        @pl.when(n >= stages)
+        def _():
+            plgpu.barrier_wait(bars["free"].at[slot])
+
+        for name, src in sources.items():
+            plgpu.copy_gmem_to_smem(src(j), smem[name].at[slot], bars[name].at[slot])
+
+    for slot in range(stages):
+        pl.when(hi - lo > slot)(functools.partial(plgpu.barrier_wait, bars["free"].at[slot]))
+
+
+def load_own(smem: dict, bars: dict, sources: dict, wg) -> None:
+    """A compute warpgroup's own tiles (loaded once): TMA each, then wait for all."""
+    for name, src in sources.items():
+        plgpu.copy_gmem_to_smem(src, smem[name].at[wg], bars[f"own_{name}"].at[wg])
+    for name in sources:
+        plgpu.barrier_wait(bars[f"own_{name}"].at[wg])
+
+
+def release(bars: dict, streams: list[str], slot) -> None:
+    """A block a warpgroup's rows cannot see: wait for its tiles (every phase is observed),
+    then free the slot unread."""
+    for name in streams:
+        plgpu.barrier_wait(bars[name].at[slot])
+    plgpu.barrier_arrive(bars["free"].at[slot])
+
+
+_INTERPRET_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "t5x_like_mosaic_gpu_interpret_options", default=None)
+
+
+@contextlib.contextmanager
+def interpreter_options(**options: Any) -> Iterator[None]:
+    """Inside the block, this backend's kernels that run in interpret mode get these
+    `InterpretGPUParams` fields, e.g. `detect_races=True` (the tests' race check; the Triton
+    kernels of the same call are untouched, unlike under jax's `force_gpu_interpret_mode`)."""
+    token = _INTERPRET_OPTIONS.set(options)
+    try:
+        yield
+    finally:
+        _INTERPRET_OPTIONS.reset(token)
+
+
+def call_params(ops: Ops) -> dict:
+    """`plgpu.kernel` keywords: the GPU interpreter, or the compiler's fast exp2."""
+    if ops.interpret:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+        return {"interpret": InterpretGPUParams(**(_INTERPRET_OPTIONS.get() or {}))}
+    return {"compiler_params": plgpu.CompilerParams(approx_math=True)}
+
+
+def barriers(own: list[str], streams: list[str], stages: int) -> dict:
+    """The barrier set of a CTA: `own_<name>` per compute warpgroup for its own tiles, a "ready"
+    barrier per slot for each stream, and the slots' "free" barriers."""
+    bars = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
+    bars.update({n: plgpu.Barrier(num_barriers=stages) for n in streams})
+    bars["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    return bars
