@@ -131,12 +131,15 @@ def interpreter_options(**options: Any) -> Iterator[None]:
 
 
 def call_params(ops: Ops) -> dict:
-    """`plgpu.kernel` keywords: the GPU interpreter, or the compiler's fast exp2."""
+    """`plgpu.kernel` keywords: the GPU interpreter, or the compiler's fast exp2 under lane
+    semantics. The kernels are written per thread (explicit WGMMA layouts, `layout_cast`); jax
+    0.11 made warpgroup semantics the default, so the lowering they were checked with is named."""
     if ops.interpret:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
         return {"interpret": InterpretGPUParams(**(_INTERPRET_OPTIONS.get() or {}))}
-    return {"compiler_params": plgpu.CompilerParams(approx_math=True)}
+    return {"compiler_params": plgpu.CompilerParams(
+        approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane)}
 
 
 def barriers(own: list[str], streams: list[str], stages: int) -> dict:
