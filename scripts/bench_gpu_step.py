@@ -33,7 +33,8 @@ measurements in time to write the report. On CPU it runs as a smoke test (tiny m
         --hlo_tar benchmarks/h100/raw/gpu_step_hlo.tar
 
 A variant is `model:batch:attention[:options]`; models are bench_train's (`base` and `small`
-abbreviate `t5_1_1_base` / `t5_1_1_small`), options a name in `OPTION_SETS`.
+abbreviate `t5_1_1_base` / `t5_1_1_small`), attention a key of bench_train's `ATTENTIONS`
+(`pallas_hopper`: our kernel's Hopper build), options a name in `OPTION_SETS`.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def parse_variant(text: str) -> dict[str, Any]:
     if model not in bench_train.MODELS:
         raise ValueError(f"variant {text!r}: unknown model; choose from "
                          f"{sorted(bench_train.MODELS)}")
-    if parts[2] not in ("xla", "cudnn", "pallas"):
-        raise ValueError(f"variant {text!r}: attention must be xla, cudnn or pallas")
+    if parts[2] not in bench_train.ATTENTIONS:
+        raise ValueError(f"variant {text!r}: attention must be one of "
+                         f"{', '.join(bench_train.ATTENTIONS)}")
     if options not in OPTION_SETS:
         raise ValueError(f"variant {text!r}: options must be one of {sorted(OPTION_SETS)}")
     return {"name": text, "model": model, "batch": int(parts[1]), "attention": parts[2],
@@ -538,8 +540,9 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
     if args.render:
         return render(out_dir, args.hlo_tar)
     if args.smoke:
-        for k, v in SMOKE.items():
-            setattr(args, k, v)
+        for k, v in SMOKE.items():  # what the command line left at its default
+            if getattr(args, k) == p.get_default(k):
+                setattr(args, k, v)
     if args.torch_mem_fraction is None:
         args.torch_mem_fraction = 0.9 if args.torch_after_jax else 0.45
     start = time.monotonic()

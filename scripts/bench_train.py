@@ -16,8 +16,8 @@ train_rounds.jsonl as it arrives: `--resume` reruns only the workers missing the
 off by a time limit, e.g. on a leased GPU).
 
     python scripts/bench_train.py [--rounds 5] [--steps 5] [--models t5_1_1_small,tiny]
-        [--attention xla,cudnn,pallas] [--profile] [--no_torch] [--note "..."] [--resume]
-        [--render]
+        [--attention xla,cudnn,pallas,pallas_hopper] [--profile] [--no_torch] [--note "..."]
+        [--resume] [--render]
 
 Models: `t5_1_1_small` (512/114, batch 2 on CPU), `tiny` (gin/models/tiny.gin at the tiny sweep
 scale: BERT-style 64/64, batch 32), `t5_1_1_base` (512/114, batch 2 on CPU), and ours only:
@@ -58,9 +58,15 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Attention names the benchmarks take: an `attention_impl`, or `pallas_hopper` (our kernel's
+#: Hopper build, `flash_backend='mosaic_gpu'`).
+ATTENTIONS = {"xla": ("xla", "auto"), "cudnn": ("cudnn", "auto"), "pallas": ("pallas", "auto"),
+              "pallas_hopper": ("pallas", "mosaic_gpu")}
+
+
 def model_config(name: str, dtype: str, attention: str = "xla") -> Any:
     """The TransformerConfig of gin/models/<gin>.gin (dropout off, activations in ``dtype``,
-    attention through ``attention``: xla, cudnn or pallas)."""
+    attention through ``attention``, a key of `ATTENTIONS`)."""
     import gin
 
     from t5x_like.models import TransformerConfig
@@ -70,7 +76,10 @@ def model_config(name: str, dtype: str, attention: str = "xla") -> Any:
     gin.parse_config_file(str(REPO / "gin" / "models" / f"{MODELS[name]['gin']}.gin"))
     cfg = TransformerConfig()
     gin.clear_config()
-    return cfg.replace(dropout_rate=0.0, dtype=dtype, attention_impl=attention)
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention {attention!r}: choose from {sorted(ATTENTIONS)}")
+    impl, backend = ATTENTIONS[attention]
+    return cfg.replace(dropout_rate=0.0, dtype=dtype, attention_impl=impl, flash_backend=backend)
 
 
 def random_batch(model: Any, seq: dict[str, int], batch: int, rng: Any,
@@ -449,7 +458,7 @@ def main() -> None:
                    help="per-device batch (default: each model's CPU batch; 32 on accelerators)")
     p.add_argument("--dtype", default=None, help="activations (CPU float32, else bfloat16)")
     p.add_argument("--attention", default=None,
-                   help="comma list of our attention impls, each timed (CPU: xla; accelerators: "
+                   help="comma list of ATTENTIONS keys, each timed (CPU: xla; accelerators: "
                         "xla,cudnn,pallas)")
     p.add_argument("--no_torch", action="store_true", help="skip the PyTorch side")
     p.add_argument("--profile", action="store_true", help="add a traced profile of each model")

@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import plan
 from t5x_like.models import TransformerConfig, make_model
+from t5x_like.models.config import REMAT_POLICIES
 from t5x_like.plan import activations
 from t5x_like.train import partitioning, train_state, train_step
 from t5x_like.train.optimizers import create_optimizer
@@ -200,6 +201,20 @@ def test_tensor_parallel_splits_heads_even_when_they_join_to_d_model() -> None:
                                       model_axis=m)["none"] for m in (1, 4)]
         fractions.append(acts[1] / acts[0])
     assert fractions[0] == pytest.approx(fractions[1], rel=0.03), fractions
+
+
+def test_hopper_flash_kernels_plan_like_the_triton_ones() -> None:
+    """`flash_backend='mosaic_gpu'` traces as the sm_90 kernels (on a CPU, their interpreter's
+    callbacks cannot be traced under remat): every policy plans, and at lengths and a head_dim
+    neither build pads, both keep the same bytes. (Below head_dim 64 the Hopper kernels keep
+    q/k/v/o padded to 64, wgmma's K, and the planner counts that too.)"""
+    cfg = TransformerConfig(**{**TINY, "head_dim": 64, "dtype": "bfloat16",
+                               "attention_impl": "pallas"})
+    triton, hopper = (activations.activation_bytes(
+        cfg.replace(flash_backend=backend), per_device_batch=8,
+        sequence_length={"inputs": 128, "targets": 128}) for backend in ("auto", "mosaic_gpu"))
+    assert set(hopper) == set(triton) == set(REMAT_POLICIES)
+    assert all(hopper[p] == pytest.approx(triton[p], rel=0.01) for p in triton), (hopper, triton)
 
 
 def test_remat_policies_order_and_adafactor_is_smaller_than_adamw() -> None:

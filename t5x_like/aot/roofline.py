@@ -303,7 +303,7 @@ def _custom_call(target: str, shape: str, operands: list[str], attrs: str,
         which = "bwd" if "Backward" in target else "fwd"
         return _attention_flops(operands[0], operands[1], which) if len(operands) > 1 else 0.0, \
             "attention"
-    if "triton" in target or "pallas" in op_name:
+    if "triton" in target or "mosaic_gpu" in target or "pallas" in op_name:
         which = next((w for w in ("bwd_dkdv", "bwd_dq", "fwd") if f"flash_{w}" in op_name),
                      None)
         if which and len(operands) > 1:

@@ -416,12 +416,18 @@ def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x / GIB:.3g}"
 
 
+def _backend_note(config: Mapping[str, Any]) -> str:
+    """' (mosaic_gpu)' when a Pallas step names a build of the kernel other than 'auto'."""
+    backend = config.get("flash_backend", "auto")
+    return f" ({backend})" if config["attention_impl"] == "pallas" and backend != "auto" else ""
+
+
 def format_report(report: Mapping[str, Any]) -> str:
     """The human table of `python -m t5x_like.aot`'s report."""
     t, c = report["target"], report["config"]
     lines = [f"target   {t['description']}",
              f"model    {c['family']}, {c['num_params'] / 1e6:.1f}M params, attention "
-             f"{c['attention_impl']}, remat {c['remat']}, {c['optimizer']}",
+             f"{c['attention_impl']}{_backend_note(c)}, remat {c['remat']}, {c['optimizer']}",
              f"run      batch {c['batch_size']} ({c['num_microbatches']} microbatch(es)), "
              f"lengths {c['sequence_length']}, mesh {c['mesh']}, rules {c['preset']}", ""]
     hbm = t.get("hbm_bytes")
@@ -502,7 +508,8 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
                    "family": run.model.family,
                    "num_params": sum(math.prod(a.shape) for a in
                                      jax.tree.leaves(run.state.abstract.params)),
-                   "attention_impl": cfg.attention_impl, "remat": cfg.remat_policy,
+                   "attention_impl": cfg.attention_impl, "flash_backend": cfg.flash_backend,
+                   "remat": cfg.remat_policy,
                    "optimizer": run.optimizer_name, "batch_size": run.batch_size,
                    "num_microbatches": run.num_microbatches, "sequence_length": run.sequence_length,
                    "mesh": dict(run.mesh.shape), "preset": run.preset},

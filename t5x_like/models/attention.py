@@ -129,13 +129,15 @@ def attend(
     float32_logits: bool = True,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    flash_backend: str = "auto",
 ) -> jax.Array:
     """softmax(scale · q kᵀ + bias, masked) v.
 
     `q: [batch, q_length, heads, head_dim]`, `k, v: [batch, kv_length, kv_heads, head_dim]`
     with heads % kv_heads == 0 (MHA/GQA/MQA). Returns `[batch, q_length, heads, head_dim]`.
     Attention-probability dropout exists only in the XLA reference; a training step with
-    dropout therefore runs `xla` whatever `impl` says.
+    dropout therefore runs `xla` whatever `impl` says. `flash_backend` picks the build of the
+    flash kernel `impl='pallas'` runs (`kernels.flash.BACKENDS`).
     """
     if dropout_rate > 0.0 and dropout_rng is not None and impl != "xla":
         _warn_once(f"attention dropout is only in the xla implementation; {impl} -> xla")
@@ -147,7 +149,7 @@ def attend(
     if impl == "cudnn":
         return _attend_cudnn(q, k, v, spec, scale)
     if impl == "pallas":
-        return _attend_pallas(q, k, v, spec, scale)
+        return _attend_pallas(q, k, v, spec, scale, flash_backend)
     raise ValueError(f"unknown attention impl {impl!r}")
 
 
@@ -262,7 +264,7 @@ def pallas_shards(mesh, batch: int, heads: int, kv_heads: int) -> PallasShards |
     return PallasShards(batch_axes, head_axes, kv_repeat, dropped_b + dropped_h)
 
 
-def _attend_pallas(q, k, v, spec, scale):
+def _attend_pallas(q, k, v, spec, scale, backend="auto"):
     """The flash kernel, inside `jax.shard_map` whenever a multi-device mesh is active.
 
     Pallas kernels (Mosaic on TPU, Triton on GPU) are custom calls XLA cannot partition, so
@@ -282,7 +284,7 @@ def _attend_pallas(q, k, v, spec, scale):
     def call(q, k, v, named):
         return flash_attention(
             q, k, v, causal=spec.causal, rel_bidirectional=spec.rel_bidirectional,
-            rel_max_distance=spec.rel_max_distance, sm_scale=scale, **named)
+            rel_max_distance=spec.rel_max_distance, sm_scale=scale, backend=backend, **named)
 
     mesh = jax.sharding.get_abstract_mesh()
     plan = pallas_shards(mesh, q.shape[0], q.shape[2], k.shape[2])
@@ -352,7 +354,7 @@ class MultiHeadAttention(nn.Module):
         dropout_rng = self.make_rng("dropout") if dropout else None
         out = attend(q, k, v, spec, impl=cfg.attention_impl, scale=cfg.attention_scale,
                      float32_logits=cfg.float32_attention_logits, dropout_rate=cfg.dropout_rate,
-                     dropout_rng=dropout_rng)
+                     dropout_rng=dropout_rng, flash_backend=cfg.flash_backend)
         out = constrain(out, HEAD_AXES).reshape(out.shape[0], out.shape[1], h * d)
         proj = make_dense(cfg, cfg.emb_dim, ("joined_kv", "embed"), "out", attention_kernel_init)
         return constrain(proj(out), BATCH_LENGTH_EMBED)

@@ -19,6 +19,9 @@ from t5x_like import families
 POSITION_ENCODINGS = ("relative", "rope", "absolute", "none")
 NORMS = ("rmsnorm", "layernorm")
 ATTENTION_IMPLS = ("xla", "cudnn", "pallas")
+#: Our flash kernel's backends (`kernels.flash.BACKENDS`, kept equal by a test; the kernels
+#: module is imported only when a model attends through it).
+FLASH_BACKENDS = ("auto", "triton", "mosaic_gpu", "mosaic_tpu")
 ROPE_SCALINGS = ("none", "linear", "yarn")
 REMAT_POLICIES = ("none", "full", "minimal", "dots")
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
@@ -68,6 +71,9 @@ class TransformerConfig:
     rope_original_max_length: int = 2048
     max_position_embeddings: int = 2048
     attention_impl: str = "xla"
+    # Which build of our kernel `attention_impl='pallas'` runs: 'auto' = Triton on GPU, Mosaic
+    # on TPU; 'mosaic_gpu' = the Hopper (sm_90a) kernels, opt-in until a loan times them.
+    flash_backend: str = "auto"
     shared_encoder_decoder: bool = False
     decoder_prefix_attention: bool = True
     scan_layers: bool = False
@@ -80,7 +86,8 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         checks = [(field, getattr(self, field), choices) for field, choices in (
             ("family", families.NAMES), ("position_encoding", POSITION_ENCODINGS),
-            ("norm", NORMS), ("attention_impl", ATTENTION_IMPLS), ("rope_scaling", ROPE_SCALINGS),
+            ("norm", NORMS), ("attention_impl", ATTENTION_IMPLS), ("flash_backend", FLASH_BACKENDS),
+            ("rope_scaling", ROPE_SCALINGS),
             ("remat_policy", REMAT_POLICIES))]
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         for field, value, choices in checks + [("mlp_activations", act, ACTIVATIONS)

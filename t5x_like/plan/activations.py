@@ -14,6 +14,7 @@ which XLA does not recompute from.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -48,11 +49,23 @@ def _saved_jaxpr(config: TransformerConfig, sequence_length: tuple[tuple[str, in
         _, vjp = jax.vjp(lambda q: model.loss_fn(q, b, rng)[0], p)
         return jax.tree.leaves(vjp)
 
-    jaxpr = jax.make_jaxpr(saved)(params, batch).jaxpr
+    with _kernel_trace_target(config):
+        jaxpr = jax.make_jaxpr(saved)(params, batch).jaxpr
     inputs = {id(v) for v in jaxpr.invars}
     out = list({id(v): v for v in jaxpr.outvars  # once each, in order
                 if hasattr(v, "aval") and id(v) not in inputs and v.aval.shape}.values())
     return jaxpr, out, len(jax.tree.leaves(params))
+
+
+def _kernel_trace_target(config: TransformerConfig) -> contextlib.AbstractContextManager[Any]:
+    """The Hopper flash kernels trace as the sm_90 kernels they are: on a CPU they would run in
+    Pallas' GPU interpreter, whose host callbacks cannot be traced under remat. (The other
+    builds trace as the host would run them; their residuals are the same either way.)"""
+    if config.attention_impl == "pallas" and config.flash_backend == "mosaic_gpu":
+        from t5x_like.kernels import flash
+
+        return flash.compile_target("gpu", "sm_90")
+    return contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=256)

@@ -85,6 +85,10 @@ def test_a_budget_that_needs_remat_gets_a_suggestion(fits, tmp_path) -> None:
     # than printing bindings that would not fit either.
     text = format_report({**report, "suggestion": None})
     assert "nothing the planner tried fits" in text and "--gin" not in text
+    assert "attention xla," in text
+    hopper = {**report, "config": {**report["config"], "attention_impl": "pallas",
+                                   "flash_backend": "mosaic_gpu"}}
+    assert "attention pallas (mosaic_gpu)," in format_report(hopper)
 
 
 @pytest.mark.parametrize("target,package", [("h100", "jax_plugins.xla_cuda12"),

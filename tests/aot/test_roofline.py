@@ -15,6 +15,8 @@ GEMM_CFG = ('backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
 META = 'metadata={op_name="jit(step)/encoder/layers_0/mlp/wi/dot_general"}'
 CUBLAS = 'custom_call_target="__cublas$lt$matmul"'
 CUDNN = 'custom_call_target="__cudnn$fmhaScaleBiasSoftmax"'
+HOPPER = ('custom_call_target="mosaic_gpu_v2", '
+          'metadata={op_name="jit(step)/attention/t5x_like_flash_bwd_dq_hopper/mpmd_map"}')
 TRIPS = 'backend_config={"known_trip_count":{"n":"3"}}'
 HLO = f"""HloModule jit_step, entry_computation_layout={{()}}
 
@@ -40,6 +42,7 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,32], q: bf16[2,16,4,8], k: bf16[2,32,4
   %gemm_fusion.1 = bf16[64,32]{{1,0}} fusion(%a, %b), kind=kCustom, calls=%fused_dot, {META}
   %cc = (bf16[64,32]{{1,0}}, s8[1024]{{0}}) custom-call(%a, %b), {CUBLAS}, {GEMM_CFG}
   %fmha = (bf16[2,16,4,8]{{3,2,1,0}}, f32[2,4,16]{{2,1,0}}) custom-call(%q, %k, %k), {CUDNN}
+  %dq = (bf16[2,16,4,8]{{3,2,1,0}}) custom-call(%q, %k, %k), {HOPPER}
   %init = (s32[], f32[256]{{0}}) tuple(%b, %b)
   %w = (s32[], f32[256]{{0}}) while(%init), condition=%cond, body=%body, {TRIPS}
   ROOT %r = f32[] constant(0)
@@ -49,7 +52,7 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,32], q: bf16[2,16,4,8], k: bf16[2,32,4
 
 def test_each_kind_of_kernel_is_costed() -> None:
     ops = {o.name: o for o in roofline.kernels(HLO)}
-    assert set(ops) == {"gemm_fusion.1", "cc", "fmha", "copy.9"}  # free ops are not kernels
+    assert set(ops) == {"gemm_fusion.1", "cc", "fmha", "dq", "copy.9"}  # free ops: no kernels
     gemm = 2 * 64 * 32 * 128
     assert ops["gemm_fusion.1"].flops == ops["cc"].flops == gemm
     assert ops["gemm_fusion.1"].kind == ops["cc"].kind == "gemm"
@@ -57,12 +60,14 @@ def test_each_kind_of_kernel_is_costed() -> None:
     assert ops["gemm_fusion.1"].bytes == 2 * (64 * 128 + 128 * 32 + 64 * 32)
     assert ops["cc"].bytes == 2 * (64 * 128 + 128 * 32 + 64 * 32) + 1024
     assert ops["fmha"].kind == "attention" and ops["fmha"].flops == 4 * 2 * 4 * 16 * 32 * 8
+    # our Hopper (Mosaic GPU) dQ kernel: recomputed scores, dP and dQ
+    assert ops["dq"].kind == "attention" and ops["dq"].flops == 6 * 2 * 4 * 16 * 32 * 8
     assert ops["copy.9"].count == 3 and ops["copy.9"].bytes == 2 * 4 * 256  # 3 loop trips
     model = roofline.step_model(HLO, model_flops=2 * gemm)
     dev = roofline.H100
     expected = sum(o.seconds(dev) for o in ops.values())
     assert model["predicted_ms"] == pytest.approx(1e3 * expected)
-    assert model["kernels"] == 6
+    assert model["kernels"] == 7
     assert model["mfu_ceiling"] == pytest.approx(2 * gemm / expected / dev["peak_bf16_flops"])
     assert model["top"][0]["op_name"].endswith("layers_*/mlp/wi/dot_general") or any(
         "layers_*" in r["op_name"] for r in model["top"])

@@ -1,7 +1,9 @@
 """The attention entry point: mask semantics and agreement of the implementations."""
 
 import functools
+import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,11 +70,14 @@ def _self_spec(impl, table, causal, prefix, length=12):
     )
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "causal", "prefix", "length", "rate"))
-def _self_attention(q, k, v, table, impl, causal, prefix, length=12, rate=0.0, rng=None):
+@functools.partial(jax.jit, static_argnames=("impl", "causal", "prefix", "length", "rate",
+                                             "backend"))
+def _self_attention(q, k, v, table, impl, causal, prefix, length=12, rate=0.0, rng=None,
+                    backend="auto"):
     """Spec + attention in one compiled program; also returns the spec."""
     spec = _self_spec(impl, table, causal, prefix, length)
-    out = attention.attend(q, k, v, spec, impl=impl, scale=0.25, dropout_rate=rate, dropout_rng=rng)
+    out = attention.attend(q, k, v, spec, impl=impl, scale=0.25, dropout_rate=rate,
+                           dropout_rng=rng, flash_backend=backend)
     return out, spec
 
 
@@ -121,13 +126,48 @@ def test_attention_dropout_only_in_training():
     assert not np.allclose(plain, dropped)
 
 
-def test_pallas_agrees_with_xla():
+@pytest.mark.parametrize("backend", ["auto", "mosaic_gpu"])
+def test_pallas_agrees_with_xla(backend):
+    """Packed prefix LM with a T5 table, GQA; `mosaic_gpu` runs the Hopper kernels (bf16 q/k/v
+    only: wgmma) in Pallas' GPU interpreter, against XLA on the same bf16 inputs."""
     q, k, v, table = _inputs(3, lq=16, lk=16)
+    tol = 1e-4
+    if backend == "mosaic_gpu":
+        q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+        tol = 2e-2  # bf16 probabilities into the P·V product, bf16 output
     xla, _ = _self_attention(q, k, v, table, "xla", True, True, 16)
-    out, spec = _self_attention(q, k, v, table, "pallas", True, True, 16)
+    out, spec = _self_attention(q, k, v, table, "pallas", True, True, 16, backend=backend)
     assert spec.dense_mask is None and spec.dense_bias is None  # small inputs only
     valid = np.asarray(spec.q_segment_ids) != 0  # fully masked (padding) rows are unspecified
-    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(xla)[valid], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(out, np.float32)[valid],
+                               np.asarray(xla, np.float32)[valid], rtol=tol, atol=tol)
+
+
+def test_flash_backend_is_a_model_setting():
+    """`TransformerConfig.flash_backend` takes the kernel's backends, rejects others by name,
+    and reaches the kernel: a model's traced training gradient calls the Hopper kernels (traced
+    only; the GPU interpreter would take minutes over a whole model)."""
+    from t5x_like.kernels import flash
+    from t5x_like.models import TransformerConfig, config, make_model
+    from tests.models.test_families import TINY, make_batch
+
+    assert config.FLASH_BACKENDS == flash.BACKENDS
+    with pytest.raises(ValueError, match="flash_backend='triton2'"):
+        TransformerConfig(flash_backend="triton2")
+
+    def kernels(backend: str) -> set[str]:
+        cfg = TransformerConfig(**{**TINY, "dtype": "bfloat16"}, attention_impl="pallas",
+                                flash_backend=backend)
+        model, batch = make_model(cfg), make_batch(cfg, packed=True)
+        key = jax.random.key(0, impl="rbg")
+        params = jax.eval_shape(lambda: nn.unbox(model.init_variables(key, batch)["params"]))
+        grad = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])
+        text = str(jax.make_jaxpr(grad)(params))
+        return set(re.findall(r"t5x_like_flash_\w+?(?:_hopper)?(?=\W)", text))
+
+    assert {"t5x_like_flash_fwd_hopper", "t5x_like_flash_bwd_dkdv_hopper",
+            "t5x_like_flash_bwd_dq_hopper"} <= kernels("mosaic_gpu")
+    assert not any(name.endswith("_hopper") for name in kernels("auto"))
 
 
 @pytest.mark.parametrize("bias_batch", [1, 3])

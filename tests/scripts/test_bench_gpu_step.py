@@ -116,6 +116,9 @@ def test_variant_names_are_checked() -> None:
     v = B.parse_variant("base:128:cudnn:cublas")
     assert (v["model"], v["batch"], v["attention"], v["options"]) == (
         "t5_1_1_base", 128, "cudnn", "cublas")
+    assert B.parse_variant("base:128:pallas_hopper")["attention"] == "pallas_hopper"
+    cfg = B.bench_train.model_config("tiny", "bfloat16", "pallas_hopper")
+    assert (cfg.attention_impl, cfg.flash_backend) == ("pallas", "mosaic_gpu")
     for bad in ("base:128", "huge:8:xla", "base:8:flash", "base:8:xla:turbo"):
         try:
             B.parse_variant(bad)
