@@ -187,25 +187,35 @@ def _query_row_logits(cfg: FlashConfig, ops: Ops, smem: dict, slot, wg, q_smem, 
                       qseg, pq) -> jax.Array:
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (q0...) against the
     slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf."""
-    shape = (ROWS, cfg.block_k)
-    rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
-    cols_of = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
-    col_layout = plgpu.Layout.WGMMA.reduce(0)
     x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k) * (cfg.sm_scale * LOG2E)
     if cfg.has_rel:
         x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
                          plgpu.Layout.WGMMA) * LOG2E
+    return _masked(cfg, ops, smem, slot, x, q0, k0, qseg, pq)
+
+
+def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, own_seg,
+            own_prefix, keys_as_rows: bool = False) -> jax.Array:
+    """`x` [64, n] with the disallowed (query, key) pairs at -inf. Rows are the warpgroup's own
+    queries from q0 (their segment / prefix row vectors given), columns the slot's keys from
+    k0 (their vectors streamed); with `keys_as_rows`, dK/dV's transposed frame: rows are keys
+    from k0, columns the slot's queries from q0."""
+    shape = x.shape
+    rows_of = lambda v: lax.broadcast_in_dim(v, shape, [0])  # noqa: E731
+    cols = lambda name: lax.broadcast_in_dim(  # noqa: E731
+        ops.load(smem[name].at[slot], plgpu.Layout.WGMMA.reduce(0)), shape, [1])
+    seg_name, prefix_name = ("qseg", "pq") if keys_as_rows else ("kseg", "pk")
+    q_dim, k_dim = (1, 0) if keys_as_rows else (0, 1)
     allowed = None
-    if cfg.has_seg:
-        kseg = cols_of(ops.load(smem["kseg"].at[slot], col_layout))
-        allowed = (rows_of(qseg) == kseg) & (kseg != 0)
+    if cfg.has_seg:  # equal ids, not padding (equal ids: one side's check is enough)
+        seg = cols(seg_name)
+        allowed = (rows_of(own_seg) == seg) & (seg != 0)
     if cfg.causal or cfg.kv_pad_mask:
-        k_idx = ops.iota(shape, 1) + k0
+        k_idx = ops.iota(shape, k_dim) + k0
     if cfg.causal:
-        visible = k_idx <= ops.iota(shape, 0) + q0
+        visible = k_idx <= ops.iota(shape, q_dim) + q0
         if cfg.has_prefix:
-            pk = cols_of(ops.load(smem["pk"].at[slot], col_layout))
-            visible = visible | ((rows_of(pq) != 0) & (pk != 0))
+            visible = visible | ((rows_of(own_prefix) != 0) & (cols(prefix_name) != 0))
         allowed = visible if allowed is None else allowed & visible
     if cfg.kv_pad_mask:
         allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
@@ -423,9 +433,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         own["pk"] = r["pk"].at[b, keys]
     load_own(smem, bars, own, wg)
     row_layout, col_layout = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
-    shape = (ROWS, bq)
-    rows_of = lambda x: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
-    cols_of = lambda x: lax.broadcast_in_dim(x, shape, [1])  # noqa: E731
+    cols_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bq), [1])  # noqa: E731
     kseg = ops.load(smem["kseg"].at[wg], row_layout) if cfg.has_seg else None  # broadcast
     pk = ops.load(smem["pk"].at[wg], row_layout) if cfg.has_prefix else None  # in the loop
     a_smem = smem["a"].at[wg] if ops.interpret else None
@@ -442,22 +450,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         if cfg.has_rel:
             x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
                              plgpu.Layout.WGMMA) * LOG2E
-        allowed = None
-        if cfg.has_seg:
-            qseg = cols_of(ops.load(smem["qseg"].at[slot], col_layout))
-            allowed = (rows_of(kseg) == qseg) & (qseg != 0)
-        if cfg.causal or cfg.kv_pad_mask:
-            k_idx = ops.iota(shape, 0) + k0
-        if cfg.causal:
-            visible = k_idx <= ops.iota(shape, 1) + i * bq
-            if cfg.has_prefix:
-                pq = cols_of(ops.load(smem["pq"].at[slot], col_layout))
-                visible = visible | ((pq != 0) & (rows_of(pk) != 0))
-            allowed = visible if allowed is None else allowed & visible
-        if cfg.kv_pad_mask:
-            allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
-        if allowed is not None:
-            x = jnp.where(allowed, x, NEG_INF)
+        x = _masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True)
         p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout) * LOG2E))
         for name in ("do", "dot", "delta"):
             if name in streams:
