@@ -56,6 +56,7 @@ class Op:
     bytes: float
     count: int
     op_name: str
+    source: str = ""  # innermost Python frame that emitted it: "file.py:line function"
 
     def compute_s(self, device: dict[str, float]) -> float:
         rate = device["matmul_flops"] * (device["attention_efficiency"]
@@ -178,7 +179,7 @@ def _attention_flops(q_shape: str, k_shape: str, which: str) -> float:
 def kernels(text: str) -> list[Op]:
     """The ops the step runs, with counts (loops unrolled by their trip counts)."""
     comps, entry = parse_module(text)
-    walk = _Walk(comps)
+    walk = _Walk(comps, source_locations(text))
     walk.computation(entry, 1)
     return list(walk.ops.values())
 
@@ -212,11 +213,45 @@ def _param_accesses(parsed: list[Instruction]) -> tuple[dict[int, float | None],
     return reads, written
 
 
+_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def source_locations(text: str) -> dict[int, str]:
+    """`stack_frame_id` -> "file.py:line function" of the frame, read from the module's
+    trailing FileNames / FunctionNames / FileLocations / StackFrames tables (jax records the
+    Python frame of every op; {} when the text has none). Paths are cut to the package
+    (`t5x_like/...`, `optax/...`)."""
+    tables: dict[str, dict[int, str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line in _SECTIONS:
+            current = tables.setdefault(line, {})
+        elif current is not None and (m := re.match(r"(\d+) (.*)$", line)):
+            current[int(m.group(1))] = m.group(2)
+        elif line.strip():
+            current = None
+    if not all(tables.get(name) for name in _SECTIONS):
+        return {}
+    ids = lambda v: dict(re.findall(r"(\w+)=(\d+)", v))  # noqa: E731
+    locations = {}
+    for key, value in tables["FileLocations"].items():
+        f = ids(value)
+        path = tables["FileNames"].get(int(f.get("file_name_id", 0)), "?").strip('"')
+        cut = re.search(r"(?:site-packages|dist-packages)/(.*)|/(t5x_like/.*)$", path)
+        short = next(g for g in cut.groups() if g) if cut else path.rsplit("/", 1)[-1]
+        function = tables["FunctionNames"].get(int(f.get("function_name_id", 0)), "").strip('"')
+        locations[key] = f"{short}:{f.get('line', '?')} {function}".rstrip()
+    return {key: locations.get(int(ids(value).get("file_location_id", 0)), "?")
+            for key, value in tables["StackFrames"].items()}
+
+
 class _Walk:
     """A walk of an HLO module's computations from its entry: the kernels it runs, by name."""
 
-    def __init__(self, comps: dict[str, list[Instruction]]) -> None:
+    def __init__(self, comps: dict[str, list[Instruction]],
+                 sources: dict[int, str] | None = None) -> None:
         self.comps = comps
+        self.sources = sources or {}
         self.ops: dict[str, Op] = {}
         self._accesses: dict[str, tuple[dict[int, float | None], float | None]] = {}
 
@@ -254,6 +289,8 @@ class _Walk:
             io = self.fusion_bytes(called.group(1), operand_shapes, shape)
         meta = re.search(r'op_name="([^"]*)"', attrs)
         op_name = meta.group(1) if meta else ""
+        frame = re.search(r"stack_frame_id=(\d+)", attrs)
+        source = self.sources.get(int(frame.group(1)), "") if frame else ""
         flops, kind = 0.0, "copy" if opcode in ("copy", "transpose") else "other"
         if opcode == "fusion":
             flops = self.fused_flops(called.group(1)) if called else 0.0
@@ -265,7 +302,7 @@ class _Walk:
             target = re.search(r'custom_call_target="([^"]*)"', attrs)
             flops, kind = _custom_call(target.group(1) if target else "", shape, operand_shapes,
                                        attrs, op_name)
-        return Op(name, kind, flops, io, times, op_name)
+        return Op(name, kind, flops, io, times, op_name, source)
 
     def fused_flops(self, comp: str) -> float:
         """The matrix-product FLOPs inside a fused (or called) computation."""
@@ -322,10 +359,13 @@ def step_model(text: str, *, device: str | dict[str, float] = "h100",
     total = sum(o.seconds(dev) for o in ops)
     by_kind: dict[str, float] = collections.Counter()
     groups: dict[tuple[str, str], list[Op]] = collections.defaultdict(list)
+    by_source: dict[str, list[Op]] = collections.defaultdict(list)
     for o in ops:  # the same op in every layer is one row: layers_3 -> layers_*
         by_kind[o.kind] += o.seconds(dev)
         groups[(o.kind, re.sub(r"layers_\d+", "layers_*", o.op_name) or o.name)].append(o)
+        by_source[o.source or "?"].append(o)
     ranked = sorted(groups.items(), key=lambda kv: -sum(o.seconds(dev) for o in kv[1]))
+    lines = sorted(by_source.items(), key=lambda kv: -sum(o.seconds(dev) for o in kv[1]))
     out: dict[str, Any] = {
         "device": dev, "predicted_ms": 1e3 * total,
         "kernels": sum(o.count for o in ops),
@@ -337,6 +377,12 @@ def step_model(text: str, *, device: str | dict[str, float] = "h100",
                  "gflops": sum(o.flops * o.count for o in group) / 1e9,
                  "mbytes": sum(o.bytes * o.count for o in group) / 1e6,
                  "bound": group[0].bound(dev)} for (kind, key), group in ranked[:top]],
+        # Where in the Python source the time is emitted (every layer's op on one line is one
+        # row): what `top` shows as "jit(step)/reduce_sum" is an optimizer line here.
+        "top_sources": [{"source": src, "count": sum(o.count for o in group),
+                         "ms": 1e3 * sum(o.seconds(dev) for o in group),
+                         "kinds": sorted({o.kind for o in group})}
+                        for src, group in lines[:top] if src != "?" or len(lines) > 1],
     }
     if model_flops:
         out["model_flops"] = model_flops
@@ -359,6 +405,11 @@ def format_model(model: dict[str, Any], measured_ms: float | None = None) -> str
         lines.append(f"  {r['ms']:7.2f} ms  {r['kind']:9s} {r['bound']:7s} x{r['count']:<4d} "
                      f"{r['mbytes'] / 1e3:7.2f} GB {r['gflops'] / 1e3:7.2f} TFLOP  "
                      f"{r['op_name'][-75:]}")
+    sources = [r for r in model.get("top_sources", []) if r["source"] != "?"]
+    if sources:
+        lines.append("  by source line:")
+        lines += [f"  {r['ms']:7.2f} ms  x{r['count']:<5d} {r['source'][-90:]}"
+                  for r in sources[:8]]
     return "\n".join(lines)
 
 

@@ -12,8 +12,8 @@ from t5x_like.aot import roofline
 DOT = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
 GEMM_CFG = ('backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
             '{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}')
-META = 'metadata={op_name="jit(step)/encoder/layers_0/mlp/wi/dot_general"}'
-CUBLAS = 'custom_call_target="__cublas$lt$matmul"'
+META = 'metadata={op_name="jit(step)/encoder/layers_0/mlp/wi/dot_general" stack_frame_id=2}'
+CUBLAS = 'custom_call_target="__cublas$lt$matmul", metadata={op_name="a" stack_frame_id=3}'
 CUDNN = 'custom_call_target="__cudnn$fmhaScaleBiasSoftmax"'
 HOPPER = ('custom_call_target="mosaic_gpu_v2", '
           'metadata={op_name="jit(step)/attention/t5x_like_flash_bwd_dq_hopper/mpmd_map"}')
@@ -47,6 +47,23 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,32], q: bf16[2,16,4,8], k: bf16[2,32,4
   %w = (s32[], f32[256]{{0}}) while(%init), condition=%cond, body=%body, {TRIPS}
   ROOT %r = f32[] constant(0)
 }}
+
+FileNames
+1 "/venv/lib/python3.11/site-packages/optax/_src/factorized.py"
+2 "/work/main/t5x_like/models/layers.py"
+
+FunctionNames
+1 "_update"
+2 "Dense.__call__"
+
+FileLocations
+1 {{file_name_id=1 function_name_id=1 line=181 end_line=181 column=9 end_column=40}}
+2 {{file_name_id=2 function_name_id=2 line=77 end_line=77 column=15 end_column=60}}
+
+StackFrames
+1 {{file_location_id=2 parent_frame_id=1}}
+2 {{file_location_id=2 parent_frame_id=1}}
+3 {{file_location_id=1 parent_frame_id=1}}
 """
 
 
@@ -69,6 +86,14 @@ def test_each_kind_of_kernel_is_costed() -> None:
     assert model["predicted_ms"] == pytest.approx(1e3 * expected)
     assert model["kernels"] == 7
     assert model["mfu_ceiling"] == pytest.approx(2 * gemm / expected / dev["peak_bf16_flops"])
+    # each kernel's Python line, from the module's stack-frame tables
+    assert ops["gemm_fusion.1"].source == "t5x_like/models/layers.py:77 Dense.__call__"
+    assert ops["cc"].source == "optax/_src/factorized.py:181 _update" and ops["fmha"].source == ""
+    by_source = {r["source"]: r for r in model["top_sources"]}
+    assert by_source["optax/_src/factorized.py:181 _update"]["count"] == 1
+    assert by_source["t5x_like/models/layers.py:77 Dense.__call__"]["kinds"] == ["gemm"]
+    assert "by source line:" in roofline.format_model(model)
+    assert roofline.source_locations(HLO.split("FileNames")[0]) == {}
     assert model["top"][0]["op_name"].endswith("layers_*/mlp/wi/dot_general") or any(
         "layers_*" in r["op_name"] for r in model["top"])
 
