@@ -471,8 +471,9 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     own_lo = jnp.clip(_causal_start(cfg, r, b, k0), lo, hi) if cfg.causal else lo
     lax.fori_loop(lo, own_lo, drain, 0)
     dk, dv = lax.fori_loop(own_lo, hi, step, (zeros, zeros))
-    r["dk"].at[b, keys, h][...] = dk * cfg.sm_scale if cfg.sm_scale != 1.0 else dk
-    r["dv"].at[b, keys, h][...] = dv
+    dk = dk * cfg.sm_scale if cfg.sm_scale != 1.0 else dk
+    r["dk"].at[b, keys, h][...] = dk.astype(r["dk"].dtype)
+    r["dv"].at[b, keys, h][...] = dv.astype(r["dv"].dtype)
 
 
 def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
@@ -509,7 +510,8 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
 
 
 def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Array, jax.Array]:
-    """dK, dV per q head, `[B, Lk_pad, H, Dp]` f32 (as `_flash_triton.backward`'s)."""
+    """dK, dV per q head, `[B, Lk_pad, H, Dp]` in `common.grad_dtypes` (f32 at head_dim 128),
+    as the Triton backward's."""
     ops = Ops(cfg.interpret)
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta}
     if ops.interpret:
@@ -519,8 +521,11 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         args["relbandt"] = _rel_bands_t(cfg, side["tab"])
     args.update(_side_args(cfg, side, ("qlo", "qhi")))
     names = list(args)
+    # At head_dim 128 the two [64, 128] f32 accumulators fill the registers: a cast before the
+    # stores spilled (packed prefix LM with a table), so those store f32 and XLA casts.
+    out_dtype = common.grad_dtypes(cfg, q.dtype)[1] if cfg.head_dim_pad <= 64 else jnp.float32
     per_head = jax.ShapeDtypeStruct((q.shape[0], cfg.lk_pad, cfg.num_heads, cfg.head_dim_pad),
-                                    jnp.float32)
+                                    out_dtype)
     call = plgpu.kernel(
         functools.partial(_dkdv_kernel, cfg=cfg, names=names, ops=ops),
         out_type=(per_head, per_head), grid=(cfg.num_heads, cfg.nk, q.shape[0]),
@@ -650,7 +655,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
     dq, tab = lax.fori_loop(lo, own_hi, step, init)
     lax.fori_loop(own_hi, hi, drain, 0)
-    r["dq"].at[b, rows, h][...] = dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq
+    dq = dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq
+    r["dq"].at[b, rows, h][...] = dq.astype(r["dq"].dtype)
     if cfg.has_rel:  # this warpgroup's partial sums: row 2i + wg of [B, H, 2 nq, NBp]
         smem["tab"].at[wg][...] = tab.sum(axis=0)
         plgpu.commit_smem()
@@ -693,8 +699,8 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
 
 
 def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
-    """(dQ `[B, Lq_pad, H, Dp]` f32, the table gradient's partial sums `[B, H, 2 nq, NBp]` f32
-    or None), as `_flash_triton.backward`'s."""
+    """(dQ `[B, Lq_pad, H, Dp]` in q's dtype, the table gradient's partial sums
+    `[B, H, 2 nq, NBp]` f32 or None), as `_flash_triton.backward`'s."""
     ops = Ops(cfg.interpret)
     args = {"q": q, "k": k, "do": do, "lse": lse, "delta": delta}
     if ops.interpret:
@@ -706,7 +712,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
         args["relband"], args["bucketband"] = gpu_inputs.rel_bands(cfg, side["tab"])
     args.update(_side_args(cfg, side, ("klo", "khi")))
     names = list(args)
-    out = [jax.ShapeDtypeStruct(q.shape, jnp.float32)]
+    out = [jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])]
     if cfg.has_rel:
         out.append(jax.ShapeDtypeStruct(
             (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32))

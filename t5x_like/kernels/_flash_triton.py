@@ -297,7 +297,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """Returns (dq [B,Lq_pad,H,Dp] f32, dk/dv per q head [B,Lk_pad,H,Dp] f32,
+    """Returns (dq [B,Lq_pad,H,Dp], dk/dv per q head [B,Lk_pad,H,Dp] (`common.grad_dtypes`),
     dtab partials [B,H,nq,NBp] f32 | None, dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
     cfg = cfg.for_backward()
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
@@ -308,7 +308,8 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     dkdv_names = _only(names, "bucketband", "klo", "khi")
     names = _only(names, "qlo", "qhi")
 
-    per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), jnp.float32)
+    dq_dtype, dkdv_dtype = common.grad_dtypes(cfg, q.dtype)
+    per_head_kv = jax.ShapeDtypeStruct((batch, cfg.lk_pad, heads, d), dkdv_dtype)
     own_k = pl.BlockSpec((None, cfg.block_k, None, d), lambda b, h, j: (b, j, h, 0))
     dk, dv = _call(cfg, _dkdv_kernel, "dkdv", dkdv_names, args,
                    {**_main_specs(cfg, False), **_row_specs(cfg, False)},
@@ -316,7 +317,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
                    name="t5x_like_flash_bwd_dkdv")
 
     qspecs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
-    outs = {"dq": (jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), jnp.float32), qspecs["q"])}
+    outs = {"dq": (jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), dq_dtype), qspecs["q"])}
     if cfg.has_rel:
         outs["dtab"] = (
             jax.ShapeDtypeStruct((batch, heads, cfg.nq, cfg.num_buckets_pad), jnp.float32),

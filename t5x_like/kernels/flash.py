@@ -412,8 +412,10 @@ def _flash_core_bwd(cfg: FlashConfig, res, do):
     dq, dk_h, dv_h, dtab, dbias = _backend_module(cfg).backward(cfg, q, k, v, side, o, lse, do)
     b, lk_pad, h, dp = dk_h.shape
     # dK/dV come per q head; the kv head's gradient is the sum over its group.
-    dk, dv = (g.reshape(b, lk_pad, h // cfg.group, cfg.group, dp).sum(3).astype(x.dtype)
-              for g, x in ((dk_h, k), (dv_h, v)))
+    if cfg.group > 1:
+        dk_h, dv_h = (g.reshape(b, lk_pad, h // cfg.group, cfg.group, dp).sum(3)
+                      for g in (dk_h, dv_h))
+    dk, dv = dk_h.astype(k.dtype), dv_h.astype(v.dtype)
     dside = {}
     for name, x in side.items():
         if name == "tab":
