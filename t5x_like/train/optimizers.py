@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from t5x_like.train.multi_tensor import by_shape
+
 Schedule = Callable[[jax.Array | int], jax.Array]
 
 
@@ -111,16 +113,21 @@ def create_optimizer(
     name: str = "adafactor",
     schedule: Schedule | None = None,
     grad_clip_norm: float | None = None,
+    multi_tensor: bool = True,
 ) -> Optimizer:
     """``name`` in {'adafactor', 'adamw'}; ``schedule`` defaults to T5's rsqrt with 10k warm-up.
 
     ``grad_clip_norm``: clip gradients to this global L2 norm first (None: no clipping; T5's
-    Adafactor relies on its own update clipping instead).
+    Adafactor relies on its own update clipping instead). ``multi_tensor``: run the optimizer
+    on stacks of same-shaped parameters (`multi_tensor.by_shape`: the same per-parameter math
+    and state, fewer kernels).
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"create_optimizer.name={name!r}; choose one of {sorted(OPTIMIZERS)}")
     sched = schedule if schedule is not None else rsqrt_schedule()
     tx = OPTIMIZERS[name](sched)
+    if multi_tensor:
+        tx = by_shape(tx)
     if grad_clip_norm is not None:
         tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
     return Optimizer(tx=tx, schedule=sched)
