@@ -77,7 +77,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "cublas": {"xla_gpu_enable_triton_gemm": False},
     # cuBLASLt GEMMs (epilogue fusion of bias/activation in the library).
     "cublaslt": {"xla_gpu_enable_cublaslt": True},
+    # Default XLA options, the optimizer per parameter (before `create_optimizer.multi_tensor`).
+    "per_leaf": {},
 }
+#: Option sets that change the optimizer rather than XLA: `create_optimizer` keywords.
+OPTIMIZER_OPTIONS: dict[str, dict[str, Any]] = {"per_leaf": {"multi_tensor": False}}
 DEFAULT_VARIANTS = (
     "base:128:cudnn,base:128:pallas,base:128:xla,base:128:cudnn:cublas,base:32:cudnn,"
     "small:128:cudnn,small:128:pallas,small:128:xla,small:256:cudnn,small:32:cudnn"
@@ -139,7 +143,7 @@ class JaxVariant:
         self.model = make_model(cfg)
         mesh = partitioning.create_mesh((-1, 1, 1))
         rules = partitioning.logical_axis_rules("fsdp")
-        opt = create_optimizer("adafactor")
+        opt = create_optimizer("adafactor", **OPTIMIZER_OPTIONS.get(spec["options"], {}))
         self.seq = bench_train.MODELS[spec["model"]]["lengths"]
         example = self.model.example_batch(jax.device_count(), self.seq, packed=True)
         plan = train_state.sharded_state(self.model, opt, example, mesh, rules)
