@@ -11,6 +11,7 @@ from t5x_like.models.layers import (
     MlpBlock,
     RMSNorm,
     apply_rope,
+    gated_activation,
     project,
     relative_bias,
     rope_frequencies,
@@ -103,6 +104,21 @@ def test_mlp_parameter_names(acts, names):
     assert nn.get_partition_spec(params)["wo"]["kernel"] == jax.sharding.PartitionSpec(
         "mlp", "embed"
     )
+
+
+def test_gated_activation_keeps_only_its_inputs_for_the_backward():
+    """GeGLU's backward recomputes gelu(a) from the projections: the vjp holds a and b, not
+    gelu(a) or its derivative's pieces; values and gradients are autodiff's."""
+    rng = np.random.default_rng(0)
+    a, b, dy = (jnp.asarray(rng.standard_normal((2, 4, 16)), jnp.float32) for _ in range(3))
+    plain = lambda a, b: nn.gelu(a, approximate=True) * b  # noqa: E731
+    ours = lambda a, b: gated_activation(("gelu", "linear"), a, b)  # noqa: E731
+    (y0, vjp0), (y1, vjp1) = jax.vjp(plain, a, b), jax.vjp(ours, a, b)
+    kept = lambda vjp: [r for r in jax.tree.leaves(vjp) if jnp.shape(r) == a.shape]  # noqa: E731
+    assert len(kept(vjp0)) > 2 and len(kept(vjp1)) == 2
+    np.testing.assert_array_equal(y1, y0)
+    for g1, g0 in zip(vjp1(dy), vjp0(dy), strict=True):
+        np.testing.assert_allclose(g1, g0, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
