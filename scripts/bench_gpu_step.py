@@ -77,11 +77,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "cublas": {"xla_gpu_enable_triton_gemm": False},
     # cuBLASLt GEMMs (epilogue fusion of bias/activation in the library).
     "cublaslt": {"xla_gpu_enable_cublaslt": True},
-    # Default XLA options, the optimizer per parameter (before `create_optimizer.multi_tensor`).
-    "per_leaf": {},
+    # Default XLA options, the optimizer on stacks of same-shaped parameters.
+    "multi_tensor": {},
 }
 #: Option sets that change the optimizer rather than XLA: `create_optimizer` keywords.
-OPTIMIZER_OPTIONS: dict[str, dict[str, Any]] = {"per_leaf": {"multi_tensor": False}}
+OPTIMIZER_OPTIONS: dict[str, dict[str, Any]] = {"multi_tensor": {"multi_tensor": True}}
 DEFAULT_VARIANTS = (
     "base:128:cudnn,base:128:pallas,base:128:xla,base:128:cudnn:cublas,base:32:cudnn,"
     "small:128:cudnn,small:128:pallas,small:128:xla,small:256:cudnn,small:32:cudnn"

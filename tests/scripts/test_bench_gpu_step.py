@@ -117,8 +117,8 @@ def test_variant_names_are_checked() -> None:
     assert (v["model"], v["batch"], v["attention"], v["options"]) == (
         "t5_1_1_base", 128, "cudnn", "cublas")
     assert B.parse_variant("base:128:pallas_hopper")["attention"] == "pallas_hopper"
-    assert B.OPTIMIZER_OPTIONS[B.parse_variant("base:128:cudnn:per_leaf")["options"]] == {
-        "multi_tensor": False}
+    assert B.OPTIMIZER_OPTIONS[B.parse_variant("base:128:cudnn:multi_tensor")["options"]] == {
+        "multi_tensor": True}
     cfg = B.bench_train.model_config("tiny", "bfloat16", "pallas_hopper")
     assert (cfg.attention_impl, cfg.flash_backend) == ("pallas", "mosaic_gpu")
     for bad in ("base:128", "huge:8:xla", "base:8:flash", "base:8:xla:turbo"):

@@ -70,10 +70,10 @@ def test_global_norm_and_errors() -> None:
     assert float(multi_tensor.global_norm(tree)) == pytest.approx(
         float(optax.global_norm(tree)), rel=1e-6)
     assert float(multi_tensor.global_norm({})) == 0.0
-    opt = create_optimizer("adafactor")  # by_shape by default
+    opt = create_optimizer("adafactor", multi_tensor=True)
     with pytest.raises(ValueError, match="needs params"):
         opt.tx.update(tree, opt.tx.init(tree))
-    plain = create_optimizer("adafactor", multi_tensor=False)
+    plain = create_optimizer("adafactor")  # leaf by leaf unless asked
     updates, _ = plain.tx.update(tree, plain.tx.init(tree), tree)
     assert jax.tree.structure(updates) == jax.tree.structure(tree)
 
