@@ -15,6 +15,7 @@ import gin
 import jax.numpy as jnp
 
 from t5x_like import families
+from t5x_like.gin_utils import ConfigError
 
 POSITION_ENCODINGS = ("relative", "rope", "absolute", "none")
 NORMS = ("rmsnorm", "layernorm")
@@ -93,13 +94,16 @@ class TransformerConfig:
         for field, value, choices in checks + [("mlp_activations", act, ACTIVATIONS)
                                                for act in self.mlp_activations]:
             if value not in choices:
-                raise ValueError(f"{field}={value!r}; expected one of {choices}")
+                raise ConfigError(f"TransformerConfig.{field}={value!r}; expected one of "
+                                  f"{choices}")
         if self.num_heads % self.kv_heads:
-            raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
+            raise ConfigError(f"TransformerConfig.num_kv_heads={self.kv_heads} must divide "
+                              f"num_heads={self.num_heads}")
         if self.shared_encoder_decoder and self.num_encoder_layers != self.num_decoder_layers:
-            raise ValueError("shared_encoder_decoder needs equal encoder and decoder layers")
+            raise ConfigError("TransformerConfig.shared_encoder_decoder needs equal encoder and "
+                              "decoder layers")
         if self.position_encoding == "rope" and self.head_dim % 2:
-            raise ValueError("RoPE needs an even head_dim")
+            raise ConfigError("TransformerConfig.position_encoding='rope' needs an even head_dim")
 
     @property
     def kv_heads(self) -> int:

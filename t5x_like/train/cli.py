@@ -64,7 +64,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {error_message(err)}", file=sys.stderr)
         return 4
     except (checkpoints.CheckpointUnreadableError, FileNotFoundError, trainer.InvalidRunError,
-            VocabularyError, ModelDirBusyError) as err:
+            VocabularyError, ModelDirBusyError, ConfigError) as err:
         print(f"error: {error_message(err)}", file=sys.stderr)
         return 2
     except checkpoints.CheckpointSaveError as err:

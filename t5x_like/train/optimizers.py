@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from t5x_like.gin_utils import ConfigError
 from t5x_like.train.multi_tensor import by_shape
 
 Schedule = Callable[[jax.Array | int], jax.Array]
@@ -125,7 +126,7 @@ def create_optimizer(
     measures it.
     """
     if name not in OPTIMIZERS:
-        raise ValueError(f"create_optimizer.name={name!r}; choose one of {sorted(OPTIMIZERS)}")
+        raise ConfigError(f"create_optimizer.name={name!r}; choose one of {sorted(OPTIMIZERS)}")
     sched = schedule if schedule is not None else rsqrt_schedule()
     tx = OPTIMIZERS[name](sched)
     if multi_tensor:

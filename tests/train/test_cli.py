@@ -142,6 +142,11 @@ def test_includes_resolve_from_any_directory_without_error_lines(tmp_path, monke
         (["TransformerConfig.vocab_size=4096"],
          "has 8100 ids (with sentinels) but the model's embedding has "
          "TransformerConfig.vocab_size=4096 rows"),
+        # a value the model or optimizer does not know
+        (["TransformerConfig.flash_backend='bogus'"],
+         "TransformerConfig.flash_backend='bogus'; expected one of ('auto', 'triton'"),
+        (["TransformerConfig.attention_impl='flash'"], "attention_impl='flash'; expected one of"),
+        (["create_optimizer.name='sgdd'"], "create_optimizer.name='sgdd'; choose one of"),
     ],
 )
 def test_bad_run_settings_fail_before_compute(tmp_path, capsys, bindings, expected) -> None:
