@@ -300,6 +300,8 @@ _TABLE_ROWS = {
     "`gin/runs/eval.gin`": [["--gin_file=gin/runs/eval.gin"]],
     "an unknown task": [["--gin.train.task='c4like_span_corruptoin'"]],
     "a model dir that cannot be written": ["read_only", "below_a_file"],
+    "a model or optimizer setting it does not know": [
+        ["--gin.TransformerConfig.flash_backend='bogus'"], ["--gin.create_optimizer.name='sgdd'"]],
     "a vocabulary larger than the embedding": [["--gin_file=gin/models/tiny.gin",
                                                 "--gin_file=gin/runs/pretrain.gin",
                                                 "--gin.train.task='c4like_span_corruption'"]],
