@@ -1,6 +1,7 @@
-"""Inputs both GPU backends (Triton, Mosaic GPU) derive outside their kernels, in XLA: the T5
-bias and bucket-id bands (a tile's bias becomes a block load), per-block segment ranges (loop
-bounds that skip blocks sharing no segment) and the backward's Δ."""
+"""Inputs the GPU backends (Triton, Mosaic GPU) derive outside their kernels, in XLA: the T5
+bias and bucket-id bands (a tile's bias becomes a block load; with keys as rows for the Hopper
+dK/dV kernel), per-block segment ranges (loop bounds that skip blocks sharing no segment), the
+Hopper kernels' side arguments and the backward's Δ."""
 
 from __future__ import annotations
 
@@ -74,3 +75,27 @@ def segment_block_ranges(cfg: FlashConfig, qseg: jax.Array, kseg: jax.Array) -> 
 def delta_of(o: jax.Array, do: jax.Array) -> jax.Array:
     """Δ [B, H, Lq] = rowsum(o · dO) in f32, the softmax backward's per-row term."""
     return jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+
+
+def rel_bands_keys_as_rows(cfg: FlashConfig, table: jax.Array, rows: int) -> jax.Array:
+    """The T5 bias bands with keys as rows, `[H, rows, W]` f32: band[h, i, x] =
+    table[h, bucket(i + lk_pad - x)], so the bias of keys k0 + i and queries q0 + j is the
+    block band[h, :, c:c + n] with c = q0 - k0 + lk_pad (offset k - q = k0 + i - q0 - j)."""
+    width = offset_row_width(cfg)
+    x = jnp.arange(width, dtype=jnp.int32)[None, :]
+    rel = jnp.arange(rows, dtype=jnp.int32)[:, None] + cfg.lk_pad - x
+    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
+    return jnp.take(table.astype(jnp.float32), bucket.reshape(rows, width), axis=1)
+
+
+def side_args(cfg: FlashConfig, side: dict, bounds: tuple[str, str]) -> dict:
+    """A Hopper kernel's side inputs: segment ids with the per-block loop bounds it takes
+    (("klo", "khi") for the q-block kernels, ("qlo", "qhi") for dK/dV), prefix flags and prefix
+    lengths."""
+    args = {}
+    if cfg.has_seg:
+        ranges = segment_block_ranges(cfg, side["qseg"], side["kseg"])
+        args.update(qseg=side["qseg"], kseg=side["kseg"], **{n: ranges[n] for n in bounds})
+    if cfg.has_prefix:
+        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
+    return args

@@ -60,8 +60,8 @@ from t5x_like.kernels._mosaic_gpu_pipeline import (
     barriers,
     call_params,
     load_own,
-    produce,
     release,
+    warp_specialized,
 )
 
 BLOCK_Q = ROWS * COMPUTE_WGS
@@ -155,8 +155,8 @@ def _scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     return smem, barriers(own, _streams(cfg, ops), s)
 
 
-def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, ops: Ops):
-    """The forward's producer: k blocks [lo, hi)."""
+def _fwd_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
+    """The forward's streams: k block j's keys, values and side tiles."""
     bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
     ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
     sources = {"v": lambda j: r["v"].at[b, ks(j), hk]}
@@ -171,7 +171,7 @@ def _producer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
     if cfg.has_prefix:
         sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
-    produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
+    return sources
 
 
 def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
@@ -285,26 +285,10 @@ def _kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
     r = dict(zip(names + ["o", "lse"], refs, strict=True))
     b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
     lo, hi = _k_range(cfg, r, b, i)
-
-    def body(smem, bars):
-        wg = lax.axis_index("wg")
-        pl.when(wg < COMPUTE_WGS)(
-            lambda: _consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops))
-        pl.when(wg == COMPUTE_WGS)(lambda: _producer(cfg, r, smem, bars, b, h, i, lo, hi, ops))
-
-    pl.run_scoped(body, *_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
-
-
-def _side_args(cfg: FlashConfig, side: dict, bounds: tuple[str, str]) -> dict:
-    """A kernel's side inputs: segment ids with the per-block loop bounds it takes (("klo", "khi")
-    for the q-block kernels, ("qlo", "qhi") for dK/dV), prefix flags and prefix lengths."""
-    args = {}
-    if cfg.has_seg:
-        ranges = gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"])
-        args.update(qseg=side["qseg"], kseg=side["kseg"], **{n: ranges[n] for n in bounds})
-    if cfg.has_prefix:
-        args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
-    return args
+    warp_specialized(
+        lambda smem, bars, wg: _consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops),
+        _fwd_sources(cfg, r, b, h, i, ops), lo, hi, cfg.num_stages,
+        _scratch(cfg, r["q"].dtype, ops), ops)
 
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
@@ -320,7 +304,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
         args["k"] = k
     if cfg.has_rel:
         args["relband"] = gpu_inputs.rel_bands(cfg, side["tab"])[0]
-    args.update(_side_args(cfg, side, ("klo", "khi")))
+    args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
     names = list(args)
     batch = q.shape[0]
     call = plgpu.kernel(
@@ -343,17 +327,6 @@ def _dkdv_cfg(cfg: FlashConfig) -> FlashConfig:
     with 64 rows the prefix-LM variants spilled)."""
     return dataclasses.replace(cfg, block_q=64 if cfg.head_dim_pad <= 64 else 32,
                                block_k=DKDV_KEYS)
-
-
-def _rel_bands_t(cfg: FlashConfig, table: jax.Array) -> jax.Array:
-    """The T5 bias bands with keys as rows, `[H, 128, W]` f32: relbandT[h, i, x] =
-    table[h, bucket(i + lk_pad - x)], so the bias of keys k0 + i and queries q0 + j is the
-    block relbandT[h, :, c:c + 64] with c = q0 - k0 + lk_pad (offset k - q = k0 + i - q0 - j)."""
-    width = gpu_inputs.offset_row_width(cfg)
-    x = jnp.arange(width, dtype=jnp.int32)[None, :]
-    rel = jnp.arange(DKDV_KEYS, dtype=jnp.int32)[:, None] + cfg.lk_pad - x
-    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
-    return jnp.take(table.astype(jnp.float32), bucket.reshape(DKDV_KEYS, width), axis=1)
 
 
 def _q_range(cfg: FlashConfig, r: dict, b, j) -> tuple[jax.Array, jax.Array]:
@@ -476,37 +449,34 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     r["dv"].at[b, keys, h][...] = dv.astype(r["dv"].dtype)
 
 
+def _dkdv_sources(cfg: FlashConfig, r: dict, b, h, j, ops: Ops) -> dict:
+    """dK/dV's streams: q block i's queries, output gradients, statistics and side tiles."""
+    bq = cfg.block_q
+    rows = lambda i: pl.ds(i * bq, bq)  # noqa: E731
+    sources = {"q": lambda i: r["q"].at[b, rows(i), h], "do": lambda i: r["do"].at[b, rows(i), h],
+               "lse": lambda i: r["lse"].at[b, h, rows(i)],
+               "delta": lambda i: r["delta"].at[b, h, rows(i)]}
+    if ops.interpret:
+        sources["qt"] = lambda i: r["qt"].at[b, h, :, rows(i)]
+        sources["dot"] = lambda i: r["dot"].at[b, h, :, rows(i)]
+    if cfg.has_rel:  # the transposed band's columns for offsets k - q of this tile
+        sources["rel"] = lambda i: r["relbandt"].at[
+            h, :, pl.ds(i * bq - j * cfg.block_k + cfg.lk_pad, bq)]
+    if cfg.has_seg:
+        sources["qseg"] = lambda i: r["qseg"].at[b, rows(i)]
+    if cfg.has_prefix:
+        sources["pq"] = lambda i: r["pq"].at[b, rows(i)]
+    return sources
+
+
 def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
     r = dict(zip(names + ["dk", "dv"], refs, strict=True))
     b, h, j = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("k")
     lo, hi = _q_range(cfg, r, b, j)
-
-    def body(smem, bars):
-        wg = lax.axis_index("wg")
-        pl.when(wg < COMPUTE_WGS)(
-            lambda: _dkdv_consumer(cfg, r, smem, bars, b, h, j, lo, hi, wg, ops))
-
-        @pl.when(wg == COMPUTE_WGS)
-        def _():
-            bq = cfg.block_q
-            rows = lambda i: pl.ds(i * bq, bq)  # noqa: E731
-            sources = {"q": lambda i: r["q"].at[b, rows(i), h],
-                       "do": lambda i: r["do"].at[b, rows(i), h],
-                       "lse": lambda i: r["lse"].at[b, h, rows(i)],
-                       "delta": lambda i: r["delta"].at[b, h, rows(i)]}
-            if ops.interpret:
-                sources["qt"] = lambda i: r["qt"].at[b, h, :, rows(i)]
-                sources["dot"] = lambda i: r["dot"].at[b, h, :, rows(i)]
-            if cfg.has_rel:  # the transposed band's columns for offsets k - q of this tile
-                sources["rel"] = lambda i: r["relbandt"].at[
-                    h, :, pl.ds(i * bq - j * cfg.block_k + cfg.lk_pad, bq)]
-            if cfg.has_seg:
-                sources["qseg"] = lambda i: r["qseg"].at[b, rows(i)]
-            if cfg.has_prefix:
-                sources["pq"] = lambda i: r["pq"].at[b, rows(i)]
-            produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
-
-    pl.run_scoped(body, *_dkdv_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
+    warp_specialized(
+        lambda smem, bars, wg: _dkdv_consumer(cfg, r, smem, bars, b, h, j, lo, hi, wg, ops),
+        _dkdv_sources(cfg, r, b, h, j, ops), lo, hi, cfg.num_stages,
+        _dkdv_scratch(cfg, r["q"].dtype, ops), ops)
 
 
 def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Array, jax.Array]:
@@ -518,8 +488,8 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         args["qt"] = jnp.transpose(q, (0, 2, 3, 1))  # [B, H, D, Lq]
         args["dot"] = jnp.transpose(do, (0, 2, 3, 1))
     if cfg.has_rel:
-        args["relbandt"] = _rel_bands_t(cfg, side["tab"])
-    args.update(_side_args(cfg, side, ("qlo", "qhi")))
+        args["relbandt"] = gpu_inputs.rel_bands_keys_as_rows(cfg, side["tab"], DKDV_KEYS)
+    args.update(gpu_inputs.side_args(cfg, side, ("qlo", "qhi")))
     names = list(args)
     # At head_dim 128 the two [64, 128] f32 accumulators fill the registers: a cast before the
     # stores spilled (packed prefix LM with a table), so those store f32 and XLA casts.
@@ -664,38 +634,36 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         plgpu.wait_smem_to_gmem(0)
 
 
+def _dq_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
+    """dQ's streams: k block j's keys, values, bias and bucket tiles and side tiles."""
+    bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
+    ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
+    sources = {"k": lambda j: r["k"].at[b, ks(j), hk]}
+    if ops.interpret:
+        sources["kt"] = lambda j: r["kt"].at[b, hk, :, ks(j)]
+        sources["vt"] = lambda j: r["vt"].at[b, hk, :, ks(j)]
+    else:
+        sources["v"] = lambda j: r["v"].at[b, ks(j), hk]
+    if cfg.has_rel:  # the bands' columns for offsets k - q of this tile
+        cols = lambda j: pl.ds(j * bk - i * cfg.block_q + cfg.lq_pad, bk)  # noqa: E731
+        sources["rel"] = lambda j: r["relband"].at[h, :, cols(j)]
+        sources["bucket"] = lambda j: r["bucketband"].at[:, cols(j)]
+    if cfg.has_seg:
+        sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
+    if cfg.has_prefix:
+        sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
+    return sources
+
+
 def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
     outs = ["dq"] + (["dtab"] if cfg.has_rel else [])
     r = dict(zip(names + outs, refs, strict=True))
     b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
     lo, hi = _k_range(cfg, r, b, i)
-
-    def body(smem, bars):
-        wg = lax.axis_index("wg")
-        pl.when(wg < COMPUTE_WGS)(
-            lambda: _dq_consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops))
-
-        @pl.when(wg == COMPUTE_WGS)
-        def _():
-            bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
-            ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
-            sources = {"k": lambda j: r["k"].at[b, ks(j), hk]}
-            if ops.interpret:
-                sources["kt"] = lambda j: r["kt"].at[b, hk, :, ks(j)]
-                sources["vt"] = lambda j: r["vt"].at[b, hk, :, ks(j)]
-            else:
-                sources["v"] = lambda j: r["v"].at[b, ks(j), hk]
-            if cfg.has_rel:  # the bands' columns for offsets k - q of this tile
-                cols = lambda j: pl.ds(j * bk - i * cfg.block_q + cfg.lq_pad, bk)  # noqa: E731
-                sources["rel"] = lambda j: r["relband"].at[h, :, cols(j)]
-                sources["bucket"] = lambda j: r["bucketband"].at[:, cols(j)]
-            if cfg.has_seg:
-                sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
-            if cfg.has_prefix:
-                sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
-            produce(smem, bars, sources, lo, hi, cfg.num_stages, ops)
-
-    pl.run_scoped(body, *_dq_scratch(cfg, r["q"].dtype, ops), collective_axes="wg")
+    warp_specialized(
+        lambda smem, bars, wg: _dq_consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops),
+        _dq_sources(cfg, r, b, h, i, ops), lo, hi, cfg.num_stages,
+        _dq_scratch(cfg, r["q"].dtype, ops), ops)
 
 
 def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
@@ -710,7 +678,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
         args["v"] = v
     if cfg.has_rel:
         args["relband"], args["bucketband"] = gpu_inputs.rel_bands(cfg, side["tab"])
-    args.update(_side_args(cfg, side, ("klo", "khi")))
+    args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
     names = list(args)
     out = [jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])]
     if cfg.has_rel:

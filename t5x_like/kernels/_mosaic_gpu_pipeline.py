@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -96,6 +96,19 @@ def produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: Ops
 
     for slot in range(stages):
         pl.when(hi - lo > slot)(functools.partial(plgpu.barrier_wait, bars["free"].at[slot]))
+
+
+def warp_specialized(consume: Callable[[dict, dict, Any], None], sources: dict, lo, hi,
+                     stages: int, scratch: tuple, ops: Ops) -> None:
+    """One CTA: the compute warpgroups run `consume(smem, bars, wg)`, the last warpgroup
+    `produce`s `sources` over [lo, hi); `scratch` is `(smem, barriers)` for `pl.run_scoped`."""
+
+    def body(smem: dict, bars: dict) -> None:
+        wg = lax.axis_index("wg")
+        pl.when(wg < COMPUTE_WGS)(lambda: consume(smem, bars, wg))
+        pl.when(wg == COMPUTE_WGS)(lambda: produce(smem, bars, sources, lo, hi, stages, ops))
+
+    pl.run_scoped(body, *scratch, collective_axes="wg")
 
 
 def load_own(smem: dict, bars: dict, sources: dict, wg) -> None:
