@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import gin
 import jax
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from t5x_like.gin_utils import ConfigError
-from t5x_like.train.multi_tensor import by_shape
+from t5x_like.train import multi_tensor as multi_tensor_lib
 
 Schedule = Callable[[jax.Array | int], jax.Array]
 
@@ -99,10 +100,13 @@ def adamw(
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-    """The optax transformation and its schedule (for logging the learning rate)."""
+    """The optax transformation, its schedule (for logging the learning rate) and the global L2
+    norm the train step logs and checks: with `multi_tensor`, one reduction per shape that shares
+    the optimizer's stacks (apart, the stacks cost more than the kernels they save)."""
 
     tx: optax.GradientTransformation
     schedule: Schedule
+    global_norm: Callable[[Any], jax.Array] = optax.global_norm
 
 
 OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
@@ -130,7 +134,8 @@ def create_optimizer(
     sched = schedule if schedule is not None else rsqrt_schedule()
     tx = OPTIMIZERS[name](sched)
     if multi_tensor:
-        tx = by_shape(tx)
+        tx = multi_tensor_lib.by_shape(tx)
     if grad_clip_norm is not None:
         tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
-    return Optimizer(tx=tx, schedule=sched)
+    norm = multi_tensor_lib.global_norm if multi_tensor else optax.global_norm
+    return Optimizer(tx=tx, schedule=sched, global_norm=norm)

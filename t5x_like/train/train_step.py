@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like.train import multi_tensor, partitioning
+from t5x_like.train import partitioning
 from t5x_like.train.optimizers import Optimizer
 from t5x_like.train.train_state import ShardedState, TrainState
 
@@ -79,7 +79,7 @@ def make_train_step(model: Any, optimizer: Optimizer, *, num_microbatches: int =
 
             (grads, metrics), _ = jax.lax.scan(
                 body, (zeros, m_zeros), (jnp.arange(num_microbatches), mbs))
-        grad_norm = multi_tensor.global_norm(grads)
+        grad_norm = optimizer.global_norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
         updates, new_opt = optimizer.tx.update(grads, state.opt_state, params)
         new_params = optax.apply_updates(params, updates)
@@ -89,7 +89,7 @@ def make_train_step(model: Any, optimizer: Optimizer, *, num_microbatches: int =
         metrics = dict(
             metrics, grad_norm=grad_norm,
             learning_rate=jnp.asarray(optimizer.schedule(state.step), jnp.float32),
-            finite=finite.astype(jnp.float32), param_norm=multi_tensor.global_norm(new_params))
+            finite=finite.astype(jnp.float32), param_norm=optimizer.global_norm(new_params))
         return TrainState(opt_state=new_opt, params=new_params, step=state.step + 1), metrics
 
     return step
