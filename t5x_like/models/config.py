@@ -15,7 +15,6 @@ import gin
 import jax.numpy as jnp
 
 from t5x_like import families
-from t5x_like.gin_utils import ConfigError
 
 POSITION_ENCODINGS = ("relative", "rope", "absolute", "none")
 NORMS = ("rmsnorm", "layernorm")
@@ -34,6 +33,10 @@ PAD_ID, EOS_ID = 0, 1
 #: Finite so that arithmetic on fully-masked rows and dead beams stays NaN-free; -1e30 is
 #: representable in float32 and bfloat16 and far below any real logit or log-probability.
 NEG_INF = -1e30
+
+
+class InvalidConfigError(ValueError):
+    """A `TransformerConfig` value no model can take (the CLIs report it as a bad binding)."""
 
 
 @gin.configurable
@@ -94,16 +97,17 @@ class TransformerConfig:
         for field, value, choices in checks + [("mlp_activations", act, ACTIVATIONS)
                                                for act in self.mlp_activations]:
             if value not in choices:
-                raise ConfigError(f"TransformerConfig.{field}={value!r}; expected one of "
-                                  f"{choices}")
+                raise InvalidConfigError(f"TransformerConfig.{field}={value!r}; expected one "
+                                         f"of {choices}")
         if self.num_heads % self.kv_heads:
-            raise ConfigError(f"TransformerConfig.num_kv_heads={self.kv_heads} must divide "
-                              f"num_heads={self.num_heads}")
+            raise InvalidConfigError(f"TransformerConfig.num_kv_heads={self.kv_heads} must "
+                                     f"divide num_heads={self.num_heads}")
         if self.shared_encoder_decoder and self.num_encoder_layers != self.num_decoder_layers:
-            raise ConfigError("TransformerConfig.shared_encoder_decoder needs equal encoder and "
-                              "decoder layers")
+            raise InvalidConfigError("TransformerConfig.shared_encoder_decoder needs equal "
+                                     "encoder and decoder layers")
         if self.position_encoding == "rope" and self.head_dim % 2:
-            raise ConfigError("TransformerConfig.position_encoding='rope' needs an even head_dim")
+            raise InvalidConfigError("TransformerConfig.position_encoding='rope' needs an even "
+                                     "head_dim")
 
     @property
     def kv_heads(self) -> int:

@@ -50,6 +50,7 @@ def main(argv: Sequence[str]) -> int:
 
     kwargs = {} if args.model_dir is None else {"model_dir": args.model_dir}
     from t5x_like.data.vocab import VocabularyError
+    from t5x_like.models.config import InvalidConfigError
     from t5x_like.train import checkpoints
     from t5x_like.train.model_dir_lock import ModelDirBusyError
 
@@ -64,7 +65,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {error_message(err)}", file=sys.stderr)
         return 4
     except (checkpoints.CheckpointUnreadableError, FileNotFoundError, trainer.InvalidRunError,
-            VocabularyError, ModelDirBusyError, ConfigError) as err:
+            VocabularyError, ModelDirBusyError, ConfigError, InvalidConfigError) as err:
         print(f"error: {error_message(err)}", file=sys.stderr)
         return 2
     except checkpoints.CheckpointSaveError as err:
