@@ -381,6 +381,54 @@ def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dic
     return report
 
 
+def kernel_ptx(fn: Callable, *args: Any, target: str) -> dict[str, str]:
+    """{kernel entry name: its PTX module} from one compile of jitted `fn(*args)` for a GPU
+    target: the kernels XLA emits itself (Triton fusions, Pallas Triton calls) and the Pallas
+    Mosaic GPU kernels, which Mosaic writes where `MOSAIC_GPU_DUMP_TO` points."""
+    gpu_target(target)
+    require_gpu_compiler()
+    with tempfile.TemporaryDirectory(prefix="t5x_like_ptx_", ignore_cleanup_errors=True) as d:
+        os.makedirs(os.path.join(d, "mosaic"))
+        env = {"MOSAIC_GPU_DUMP_TO": os.path.join(d, "mosaic"), "MOSAIC_GPU_DUMP_PTX": "1"}
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            with _stderr_captured():
+                fn.lower(*args).compile(compiler_options={"xla_dump_to": os.path.join(d, "xla")})
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+        ptx_of = {}
+        for path in sorted(glob.glob(os.path.join(d, "*", "*.ptx"))):
+            with open(path) as f:
+                text = f.read()
+            ptx_of.update(dict.fromkeys(re.findall(r"\.entry (\w+)\(", text), text))
+        return ptx_of
+
+
+_PTX_LABEL = re.compile(r"(\$L__\w+):")
+_PTX_INSTRUCTION = re.compile(r"(?:@!?%\w+\s+)?[a-z]")
+
+
+def ptx_blocks(ptx: str, kernel: str) -> list[tuple[str, int]]:
+    """One kernel's PTX as its basic blocks in order: (label, instructions), 'entry' first.
+    Static counts: a block in a loop runs once per iteration, one behind a branch when taken."""
+    m = re.search(r"\.entry\s+" + re.escape(kernel) + r"\((.*?)\n\}", ptx, re.S)
+    if m is None:
+        raise ValueError(f"no kernel {kernel!r} in this PTX")
+    blocks, label, count = [], "entry", 0
+    for line in m.group(1).splitlines():
+        text = line.strip()
+        lm = _PTX_LABEL.match(text)
+        if lm:
+            blocks.append((label, count))
+            label, count = lm.group(1), 0
+        elif text and not text.startswith(("//", ".", "{", "}")) and _PTX_INSTRUCTION.match(text):
+            count += 1
+    blocks.append((label, count))
+    return blocks
+
+
 def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str) -> dict:
     """Run ptxas -v on one kernel's PTX (the module XLA emitted) for the target's arch."""
     src = os.path.join(work, f"{name}.report.ptx")

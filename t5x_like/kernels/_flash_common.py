@@ -133,29 +133,21 @@ def bucket_range(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(bucket), jnp.max(bucket)
 
 
-def tile_bucket_bounds(cfg: FlashConfig, q0: jax.Array,
-                       k0: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(lo, hi) enclosing the bucket ids of tile [q0, q0 + block_q) x [k0, k0 + block_k), from
-    its two corner offsets in scalar arithmetic (no reduction over the tile).
-
-    The tile holds offsets r = k - q in [rmin, rmax]. A bucket is monotone in |r| on each side of
-    r = 0 (bidirectional: r <= 0 gives the lower half, r > 0 the upper half; causal: one side),
-    so the extremes sit at the corners, or at r = 0 (bucket 0) when the tile spans the diagonal;
-    there the range may include a few absent buckets, whose sums are zero.
-    """
-    rmin = k0 - q0 - (cfg.block_q - 1)
-    rmax = k0 + (cfg.block_k - 1) - q0
-    half = cfg.num_buckets // 2 if cfg.rel_bidirectional else cfg.num_buckets
-    # The one-sided bucket (keys at or before the query). The bidirectional bucket is this with
-    # half the buckets for r <= 0, and half + this(-r) for r > 0; written that way because
-    # Pallas-Triton mis-lowers the bidirectional offset on scalars (an i1 + i32 add).
-    before = lambda r: relative_position_bucket(
-        r, bidirectional=False, num_buckets=half, max_distance=cfg.rel_max_distance)
+def bucket_order(cfg: FlashConfig) -> tuple[int, ...]:
+    """The bucket ids in the order they occur along the offset axis r = k - q, from -inf to
+    +inf: each id covers one contiguous run of offsets (a bucket is monotone in |r| on each
+    side), possibly empty (bidirectional: id num_buckets // 2, as r > 0 starts at bucket
+    half + 1). With `gpu_inputs.bucket_run_starts` this partitions any tile by thresholds."""
     if not cfg.rel_bidirectional:
-        return before(rmax), before(rmin)
-    lo = jnp.where(rmin > 0, half + before(-rmin), before(rmax))
-    hi = jnp.where(rmax > 0, half + before(-rmax), before(rmin))
-    return lo, hi
+        return tuple(range(cfg.num_buckets - 1, -1, -1))
+    half = cfg.num_buckets // 2
+    return tuple(range(half - 1, -1, -1)) + tuple(range(half, cfg.num_buckets))
+
+
+def tile_offset_range(rows: int, cols: int, q0, k0) -> tuple:
+    """(rmin, rmax): the least and greatest offset r = k - q of tile [q0, q0 + rows) x
+    [k0, k0 + cols) (scalars: corner arithmetic, no reduction over the tile)."""
+    return k0 - q0 - (rows - 1), k0 + (cols - 1) - q0
 
 
 def rel_bias_tile(cfg: FlashConfig, bucket: jax.Array, table_row: jax.Array) -> jax.Array:

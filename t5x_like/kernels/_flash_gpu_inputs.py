@@ -1,6 +1,7 @@
 """Inputs the GPU backends (Triton, Mosaic GPU) derive outside their kernels, in XLA: the T5
-bias and bucket-id bands (a tile's bias becomes a block load; with keys as rows for the Hopper
-dK/dV kernel), per-block segment ranges (loop bounds that skip blocks sharing no segment), the
+bias band (a tile's bias becomes a block load; with keys as rows for the Hopper dK/dV kernel),
+the bucket runs' first offsets and the table gradient from the dQ kernels' per-run sums,
+per-block segment ranges (loop bounds that skip blocks sharing no segment), the
 Hopper kernels' side arguments and the backward's Δ."""
 
 from __future__ import annotations
@@ -17,24 +18,48 @@ def offset_row_width(cfg: FlashConfig) -> int:
     return 1 << (cfg.lq_pad + cfg.lk_pad - 1).bit_length()
 
 
-def rel_bands(cfg: FlashConfig, table: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """T5 bias and bucket "bands" from the padded table `[H, num_buckets_pad]`.
+def rel_band(cfg: FlashConfig, table: jax.Array) -> jax.Array:
+    """The T5 bias "band" from the padded table `[H, num_buckets_pad]`.
 
     Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
-    a contiguous run shifted by i. The bands store those shifted runs: with column
+    a contiguous run shifted by i. The band stores those shifted runs: with column
     x = k - q + lq_pad + i, relband[h, i, x] = table[h, bucket(x - i - lq_pad)] f32
-    `[H, block_q, W]` and bucketband[i, x] the bucket ids `[block_q, W]` int32, so a tile's bias
-    is the plain, 16-aligned block load relband[h, :, c:c + block_k], c = k0 - q0 + lq_pad. The
-    k loop then has no bucket math, no loop over buckets and no gather: Triton software-pipelines
-    it (cp.async / TMA), Mosaic GPU loads it by TMA. Cost: H * block_q * W * 4 bytes, O(length).
+    `[H, block_q, W]`, so a tile's bias is the plain, 16-aligned block load
+    relband[h, :, c:c + block_k], c = k0 - q0 + lq_pad. The k loop then has no bucket math, no
+    loop over buckets and no gather: Triton software-pipelines it (cp.async / TMA), Mosaic GPU
+    loads it by TMA. Cost: H * block_q * W * 4 bytes, O(length).
     """
     width = offset_row_width(cfg)
     x = jnp.arange(width, dtype=jnp.int32)[None, :]
     rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
-    bucketband = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
-    bucketband = bucketband.reshape(cfg.block_q, width)
-    relband = jnp.take(table.astype(jnp.float32), bucketband, axis=1)
-    return relband, bucketband
+    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
+    return jnp.take(table.astype(jnp.float32), bucket.reshape(cfg.block_q, width), axis=1)
+
+
+def bucket_run_starts(cfg: FlashConfig) -> jax.Array:
+    """First offset r = k - q of each run of `common.bucket_order(cfg)`, `[num_buckets_pad]`
+    int32: entry 0 (the run from -inf) and the padding hold -2^30 / +2^30. Computed by the same
+    function as the bands, on the device, so the gradient's runs match the forward's biases
+    wherever float rounding puts a log-bucket boundary."""
+    order = common.bucket_order(cfg)
+    reach = cfg.rel_max_distance + 1  # beyond it each side's bucket is constant
+    rel = jnp.arange(-reach, reach + 1, dtype=jnp.int32)
+    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel)[0]
+    position = jnp.zeros((cfg.num_buckets,), jnp.int32).at[jnp.array(order)].set(
+        jnp.arange(len(order), dtype=jnp.int32))[bucket]  # nondecreasing in r
+    starts = -reach + jnp.sum(position[None, :] < jnp.arange(1, len(order))[:, None], axis=1)
+    big = jnp.full((1,), 2**30, jnp.int32)
+    return jnp.concatenate([-big, starts.astype(jnp.int32),
+                            jnp.broadcast_to(big, (cfg.num_buckets_pad - len(order),))])
+
+
+def bucket_sums(cfg: FlashConfig, cum: jax.Array) -> jax.Array:
+    """Per bucket `[..., num_buckets_pad]` from the dQ kernels' per-run sums C(t_i) (dS summed
+    over offsets >= run i's first): run i's own sums C(t_i) - C(t_i+1), at its bucket's index."""
+    order = common.bucket_order(cfg)
+    runs = cum[..., :len(order)] - jnp.concatenate(
+        [cum[..., 1:len(order)], jnp.zeros_like(cum[..., :1])], axis=-1)
+    return jnp.zeros_like(cum).at[..., jnp.array(order)].set(runs)
 
 
 def _block_segment_range(seg: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
@@ -77,8 +102,8 @@ def delta_of(o: jax.Array, do: jax.Array) -> jax.Array:
     return jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
 
 
-def rel_bands_keys_as_rows(cfg: FlashConfig, table: jax.Array, rows: int) -> jax.Array:
-    """The T5 bias bands with keys as rows, `[H, rows, W]` f32: band[h, i, x] =
+def rel_band_keys_as_rows(cfg: FlashConfig, table: jax.Array, rows: int) -> jax.Array:
+    """The T5 bias band with keys as rows, `[H, rows, W]` f32: band[h, i, x] =
     table[h, bucket(i + lk_pad - x)], so the bias of keys k0 + i and queries q0 + j is the
     block band[h, :, c:c + n] with c = q0 - k0 + lk_pad (offset k - q = k0 + i - q0 - j)."""
     width = offset_row_width(cfg)

@@ -6,9 +6,9 @@ Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
   dQ, key rows in dK/dV;
 - one **producer** warpgroup (`_produce`) that streams the other side's tiles with TMA into a
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
-  T5 bias tile `[128, block_k]` f32 (a slice of the bias bands `gpu_inputs.rel_bands`
-  builds: no bucket math in the loop), the keys' segment ids and prefix flags (dQ: the same
-  and the bucket-id tile). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile,
+  T5 bias tile `[128, block_k]` f32 (a slice of the bias band `gpu_inputs.rel_band`
+  builds: no bucket math in the loop), the keys' segment ids and prefix flags (dQ: the same).
+  dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile,
   the queries' ids and flags.
 
 Every stream has a "ready" barrier per slot (its TMA completes it); both compute warpgroups
@@ -25,8 +25,8 @@ Forward, per k block, in base 2 with the scale folded in:
 and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0,
 lse = 0, as the Triton kernel). dK/dV works with keys as rows (`_dkdv_consumer`), so every
 wgmma takes its register operand untransposed. dQ also reduces the T5 table's gradient: per
-tile, a masked row sum of dS per bucket the tile can hold (`_table_grad`), the buckets read
-from the bucket band like the bias.
+tile, dS summed per run of buckets along the offset axis, by thresholds (`_table_grad`, the
+Triton kernel's scheme).
 
 The warp-specialised machinery (producer, barriers, what differs in interpret mode) is
 `_mosaic_gpu_pipeline`. **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU
@@ -41,7 +41,6 @@ goes through shared memory (there operands must be refs); layouts are not cast.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -281,14 +280,29 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     plgpu.wait_smem_to_gmem(0)
 
 
-def _kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
-    r = dict(zip(names + ["o", "lse"], refs, strict=True))
-    b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
-    lo, hi = _k_range(cfg, r, b, i)
-    warp_specialized(
-        lambda smem, bars, wg: _consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops),
-        _fwd_sources(cfg, r, b, h, i, ops), lo, hi, cfg.num_stages,
-        _scratch(cfg, r["q"].dtype, ops), ops)
+def _launch(cfg: FlashConfig, ops: Ops, args: dict, outs: dict, blocks: str, name: str,
+            loop_range, consumer, sources, scratch) -> tuple:
+    """One warp-specialised kernel over grid (heads, `blocks` = 'q' | 'k' blocks, batch) from
+    `args` to `outs` (name: shape), both named in the kernel's refs: each CTA's loop bounds from
+    `loop_range(cfg, r, b, n)`, its compute warpgroups running `consumer`, its producer
+    streaming `sources`, in `scratch`'s buffers."""
+    names = list(args) + list(outs)
+
+    def kernel(*refs):
+        r = dict(zip(names, refs, strict=True))
+        b, h, n = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index(blocks)
+        lo, hi = loop_range(cfg, r, b, n)
+        warp_specialized(
+            lambda smem, bars, wg: consumer(cfg, r, smem, bars, b, h, n, lo, hi, wg, ops),
+            sources(cfg, r, b, h, n, ops), lo, hi, cfg.num_stages,
+            scratch(cfg, r["q"].dtype, ops), ops)
+
+    call = plgpu.kernel(
+        kernel, out_type=tuple(outs.values()),
+        grid=(cfg.num_heads, cfg.nq if blocks == "q" else cfg.nk, args["q"].shape[0]),
+        grid_names=("h", blocks, "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
+        kernel_name=f"t5x_like_flash_{name}_hopper", **call_params(ops))
+    return call(*args.values())
 
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
@@ -303,18 +317,13 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
     else:
         args["k"] = k
     if cfg.has_rel:
-        args["relband"] = gpu_inputs.rel_bands(cfg, side["tab"])[0]
+        args["relband"] = gpu_inputs.rel_band(cfg, side["tab"])
     args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
-    names = list(args)
     batch = q.shape[0]
-    call = plgpu.kernel(
-        functools.partial(_kernel, cfg=cfg, names=names, ops=ops),
-        out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                  jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)),
-        grid=(cfg.num_heads, cfg.nq, batch), grid_names=("h", "q", "b"),
-        num_threads=COMPUTE_WGS + 1, thread_name="wg", kernel_name="t5x_like_flash_fwd_hopper",
-        **call_params(ops))
-    return call(*args.values())
+    outs = {"o": jax.ShapeDtypeStruct(q.shape, q.dtype),
+            "lse": jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)}
+    return _launch(cfg, ops, args, outs, "q", "fwd", _k_range, _consumer, _fwd_sources,
+                   _scratch)
 
 
 # ---- backward: dK/dV -------------------------------------------------------------------------
@@ -469,16 +478,6 @@ def _dkdv_sources(cfg: FlashConfig, r: dict, b, h, j, ops: Ops) -> dict:
     return sources
 
 
-def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
-    r = dict(zip(names + ["dk", "dv"], refs, strict=True))
-    b, h, j = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("k")
-    lo, hi = _q_range(cfg, r, b, j)
-    warp_specialized(
-        lambda smem, bars, wg: _dkdv_consumer(cfg, r, smem, bars, b, h, j, lo, hi, wg, ops),
-        _dkdv_sources(cfg, r, b, h, j, ops), lo, hi, cfg.num_stages,
-        _dkdv_scratch(cfg, r["q"].dtype, ops), ops)
-
-
 def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Array, jax.Array]:
     """dK, dV per q head, `[B, Lk_pad, H, Dp]` in `common.grad_dtypes` (f32 at head_dim 128),
     as the Triton backward's."""
@@ -488,34 +487,29 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         args["qt"] = jnp.transpose(q, (0, 2, 3, 1))  # [B, H, D, Lq]
         args["dot"] = jnp.transpose(do, (0, 2, 3, 1))
     if cfg.has_rel:
-        args["relbandt"] = gpu_inputs.rel_bands_keys_as_rows(cfg, side["tab"], DKDV_KEYS)
+        args["relbandt"] = gpu_inputs.rel_band_keys_as_rows(cfg, side["tab"], DKDV_KEYS)
     args.update(gpu_inputs.side_args(cfg, side, ("qlo", "qhi")))
-    names = list(args)
     # At head_dim 128 the two [64, 128] f32 accumulators fill the registers: a cast before the
     # stores spilled (packed prefix LM with a table), so those store f32 and XLA casts.
     out_dtype = common.grad_dtypes(cfg, q.dtype)[1] if cfg.head_dim_pad <= 64 else jnp.float32
     per_head = jax.ShapeDtypeStruct((q.shape[0], cfg.lk_pad, cfg.num_heads, cfg.head_dim_pad),
                                     out_dtype)
-    call = plgpu.kernel(
-        functools.partial(_dkdv_kernel, cfg=cfg, names=names, ops=ops),
-        out_type=(per_head, per_head), grid=(cfg.num_heads, cfg.nk, q.shape[0]),
-        grid_names=("h", "k", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
-        kernel_name="t5x_like_flash_bwd_dkdv_hopper", **call_params(ops))
-    return call(*args.values())
+    return _launch(cfg, ops, args, {"dk": per_head, "dv": per_head}, "k", "bwd_dkdv", _q_range,
+                   _dkdv_consumer, _dkdv_sources, _dkdv_scratch)
 
 
 # ---- backward: dQ (+ the T5 table's gradient) --------------------------------------------------
 def _dq_cfg(cfg: FlashConfig) -> FlashConfig:
     """`cfg` with the dQ kernel's blocks: 128 query rows per CTA, k tiles of 64, or 32 at
-    head_dim 128 with a table (the bias and bucket tiles then fit two slots)."""
+    head_dim 128 with a table (the bias tiles then fit two slots)."""
     return dataclasses.replace(cfg, block_k=32 if cfg.has_rel and cfg.head_dim_pad > 64 else 64)
 
 
 def _dq_streams(cfg: FlashConfig, ops: Ops) -> list[str]:
     """The per-k-block tiles the dQ producer streams: k (and kᵀ, vᵀ in interpret mode), with a
-    table its bias and bucket-id tiles."""
+    table its bias tiles."""
     return (["k"] + (["kt", "vt"] if ops.interpret else ["v"])
-            + (["rel", "bucket"] if cfg.has_rel else [])
+            + (["rel"] if cfg.has_rel else [])
             + (["kseg"] if cfg.has_seg else []) + (["pk"] if cfg.has_prefix else []))
 
 
@@ -539,8 +533,9 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     if cfg.has_rel:
         words = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))  # 4-byte tiles
         smem["rel"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.float32, transforms=words)
-        smem["bucket"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.int32, transforms=words)
         smem["tab"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
+        smem["starts"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.int32)
+        own.append("starts")
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
@@ -552,21 +547,38 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     return smem, barriers(own, _dq_streams(cfg, ops), s)
 
 
-def _table_grad(cfg: FlashConfig, ops: Ops, acc: jax.Array, bucket: jax.Array, ds: jax.Array,
-                q0, k0) -> jax.Array:
-    """acc [64, NBp] += per query row, dS [64, bk] summed over the keys in each bucket: one
-    masked row sum per bucket the tile can hold (`tile_bucket_bounds`, from its corners), each
-    behind a `cond`, so a tile farther than max_distance from the diagonal pays one."""
-    lo, hi = common.tile_bucket_bounds(dataclasses.replace(cfg, block_q=ROWS), q0, k0)
-    ids = ops.iota(acc.shape, 1)
-    for n in range(cfg.num_buckets):
+def _table_grad(cfg: FlashConfig, ops: Ops, acc: jax.Array, starts_ref, starts_gmem,
+                ds: jax.Array, q0, k0) -> jax.Array:
+    """acc [64, NBp] += per query row, in column i, dS [64, bk] summed over the tile's offsets
+    r = k - q >= t_i (run i's first offset): run i's sums are column i minus column i + 1, taken
+    after the kernel (`gpu_inputs.bucket_sums`). Thresholds at or below the tile's offsets
+    get the whole row sum in one update; each inside the tile (scalar corner math) costs a masked
+    row sum behind a `cond`, so a tile beyond max_distance from the diagonal pays one row sum.
+    The run starts (a vector from `starts_ref` in shared memory, scalars from `starts_gmem`) and
+    the offsets are read or rebuilt per use, not held across the loop: at head_dim 128 those
+    registers spilled."""
+    runs = len(common.bucket_order(cfg))
+    rmin, rmax = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
+    shape = acc.shape
+    total = lax.broadcast_in_dim(ds.sum(axis=1), shape, [0])
+    starts = ops.load(starts_ref, plgpu.Layout.WGMMA.reduce(0))
+    acc = acc + jnp.where(lax.broadcast_in_dim(starts, shape, [1]) <= rmin, total, 0.0)
+    ids = ops.iota(shape, 1)
 
-        def add(a, n=n):
-            rows = jnp.where(bucket == n, ds, 0.0).sum(axis=1)
-            return a + jnp.where(ids == n, lax.broadcast_in_dim(rows, a.shape, [0]), 0.0)
+    def inside(acc):
+        for i in range(1, runs):
 
-        acc = lax.cond((lo <= n) & (n <= hi), add, lambda a: a, acc)
-    return acc
+            def add(a, i=i):
+                off = ops.iota(ds.shape, 1) - ops.iota(ds.shape, 0) + (k0 - q0)
+                rows = jnp.where(off >= starts_gmem[i], ds, 0.0).sum(axis=1)
+                return a + jnp.where(ids == i, lax.broadcast_in_dim(rows, shape, [0]), 0.0)
+
+            t = starts_gmem[i]
+            acc = lax.cond((rmin < t) & (t <= rmax), add, lambda a: a, acc)
+        return acc
+
+    near = (rmin < starts_gmem[runs - 1]) & (starts_gmem[1] <= rmax)  # a threshold inside
+    return lax.cond(near, inside, lambda a: a, acc)
 
 
 def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
@@ -589,6 +601,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         own["qseg"] = r["qseg"].at[b, rows]
     if cfg.has_prefix:
         own["pq"] = r["pq"].at[b, rows]
+    if cfg.has_rel:
+        own["starts"] = r["bucketstarts"]
     load_own(smem, bars, own, wg)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
@@ -609,9 +623,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         ds = p * (dp - rows_of(delta))
         dq = ops.mma_acc(dq, ds.astype(dtype), smem["k"].at[slot], a_smem)
         if cfg.has_rel:
-            bucket = ops.load(smem["bucket"].at[slot, pl.ds(wg * ROWS, ROWS)],
-                              plgpu.Layout.WGMMA)
-            tab = _table_grad(cfg, ops, tab, bucket, ds, q0, j * bk)
+            tab = _table_grad(cfg, ops, tab, smem["starts"].at[wg], r["bucketstarts"], ds, q0,
+                              j * bk)
         plgpu.barrier_arrive(bars["free"].at[slot])
         return dq, tab
 
@@ -635,7 +648,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
 
 
 def _dq_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
-    """dQ's streams: k block j's keys, values, bias and bucket tiles and side tiles."""
+    """dQ's streams: k block j's keys, values, bias tiles and side tiles."""
     bk, hk = cfg.block_k, lax.div(h, jnp.int32(cfg.group))
     ks = lambda j: pl.ds(j * bk, bk)  # noqa: E731
     sources = {"k": lambda j: r["k"].at[b, ks(j), hk]}
@@ -647,23 +660,11 @@ def _dq_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
     if cfg.has_rel:  # the bands' columns for offsets k - q of this tile
         cols = lambda j: pl.ds(j * bk - i * cfg.block_q + cfg.lq_pad, bk)  # noqa: E731
         sources["rel"] = lambda j: r["relband"].at[h, :, cols(j)]
-        sources["bucket"] = lambda j: r["bucketband"].at[:, cols(j)]
     if cfg.has_seg:
         sources["kseg"] = lambda j: r["kseg"].at[b, ks(j)]
     if cfg.has_prefix:
         sources["pk"] = lambda j: r["pk"].at[b, ks(j)]
     return sources
-
-
-def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], ops: Ops):
-    outs = ["dq"] + (["dtab"] if cfg.has_rel else [])
-    r = dict(zip(names + outs, refs, strict=True))
-    b, h, i = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
-    lo, hi = _k_range(cfg, r, b, i)
-    warp_specialized(
-        lambda smem, bars, wg: _dq_consumer(cfg, r, smem, bars, b, h, i, lo, hi, wg, ops),
-        _dq_sources(cfg, r, b, h, i, ops), lo, hi, cfg.num_stages,
-        _dq_scratch(cfg, r["q"].dtype, ops), ops)
 
 
 def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
@@ -677,20 +678,16 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
     else:
         args["v"] = v
     if cfg.has_rel:
-        args["relband"], args["bucketband"] = gpu_inputs.rel_bands(cfg, side["tab"])
+        args["relband"] = gpu_inputs.rel_band(cfg, side["tab"])
+        args["bucketstarts"] = gpu_inputs.bucket_run_starts(cfg)
     args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
-    names = list(args)
-    out = [jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])]
+    outs = {"dq": jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])}
     if cfg.has_rel:
-        out.append(jax.ShapeDtypeStruct(
-            (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32))
-    call = plgpu.kernel(
-        functools.partial(_dq_kernel, cfg=cfg, names=names, ops=ops),
-        out_type=tuple(out), grid=(cfg.num_heads, cfg.nq, q.shape[0]),
-        grid_names=("h", "q", "b"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
-        kernel_name="t5x_like_flash_bwd_dq_hopper", **call_params(ops))
-    res = call(*args.values())
-    return res[0], (res[1] if cfg.has_rel else None)
+        outs["dtab"] = jax.ShapeDtypeStruct(
+            (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
+    res = _launch(cfg, ops, args, outs, "q", "bwd_dq", _k_range, _dq_consumer, _dq_sources,
+                  _dq_scratch)
+    return res[0], (gpu_inputs.bucket_sums(cfg, res[1]) if cfg.has_rel else None)
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):

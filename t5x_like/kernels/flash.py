@@ -24,13 +24,20 @@ caller brings: a dense `bias` and its gradient.
 
 Bias-gradient design. The T5 table gradient is `d_table[n, h] = sum over (b, q, k) with
 bucket(k - q) = n of dS[b, h, q, k]`. The dQ kernel (one program per (b, h, q block), looping over
-k blocks) already holds every dS tile of its row block, so it reduces each tile per bucket present
-in it (tiles farther than `max_distance` from the diagonal hold one bucket: one masked sum) and
-writes the result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside
-gives `[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory.
-On GPU the tile's bias and bucket ids are block loads from precomputed bands and the per-bucket
-sums need no cross-warp reduction in the pipelined k loop (`_flash_gpu_inputs.rel_bands`,
-`_rel_grad_tile`; 1.28x faster T5 fwd+bwd at length 4096 on an H100, `benchmarks/h100/`). The
+k blocks) already holds every dS tile of its row block, so it reduces each tile and writes the
+result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside gives
+`[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. The
+GPU kernels reduce by thresholds: along the offset axis the buckets form runs
+(`_flash_common.bucket_order`, first offsets from `_flash_gpu_inputs.bucket_run_starts`), so a
+tile adds, per run start t, the row sums of dS over its offsets >= t: the whole row sum for
+every t at or below the tile (one vector update), a masked row sum only for a t inside it; runs
+are differences of neighbours, taken once after the kernel (`bucket_sums`). A tile beyond
+`max_distance` from the diagonal pays one row sum, and the offsets come from index vectors in
+dS's layout. The previous per-bucket masked sums of a loaded bucket-id tile cost Triton a layout
+conversion through shared memory per bucket: 302 PTX instructions a bucket against 140 a
+threshold now (sm_90, d=64; `benchmarks/flash_instructions.md`). The tile's bias is a block
+load from a precomputed band (`_flash_gpu_inputs.rel_band`; 1.28x faster T5 fwd+bwd at length
+4096 on an H100 than per-tile bucket math, `benchmarks/h100/`). The
 dense-bias gradient is dS itself, written tile by tile by the same kernel (and summed outside
 over broadcast batch/head dims).
 """

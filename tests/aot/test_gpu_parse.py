@@ -67,6 +67,32 @@ def test_ptx_features() -> None:
     assert gpu.ptx_features(ptx) == {"wgmma": 1, "mma_sync": 0, "cp_async": 2, "tma": 1}
 
 
+def test_ptx_blocks_split_a_kernel_at_its_labels() -> None:
+    ptx = """.visible .entry other(
+)
+{
+	mov.u32 	%r1, 0;
+}
+.visible .entry k(
+	.param .u64 k_param_0
+)
+{
+	.reg .pred 	%p<3>;
+	mov.u32 	%r1, 0;
+	// a comment
+$L__BB0_1:
+	add.s32 	%r1, %r1, 1;
+	@%p1 bra 	$L__BB0_3;
+	selp.f32 	%r2, %r3, %r4, %p2;
+$L__BB0_3:
+	ret;
+}
+"""
+    assert gpu.ptx_blocks(ptx, "k") == [("entry", 1), ("$L__BB0_1", 3), ("$L__BB0_3", 1)]
+    with pytest.raises(ValueError, match="no kernel 'missing'"):
+        gpu.ptx_blocks(ptx, "missing")
+
+
 def test_occupancy_limits() -> None:
     h100 = gpu.gpu_target("h100")
     # 255 regs x 128 threads -> 32,768 regs per block: 2 blocks by registers.

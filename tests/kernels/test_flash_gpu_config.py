@@ -6,6 +6,7 @@ Numerics run the Triton kernels in Pallas interpret mode on CPU against the XLA 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like.kernels import _flash_gpu_inputs, flash
+from t5x_like.kernels import _flash_common, _flash_gpu_inputs, flash
 from t5x_like.kernels._flash_common import FlashConfig
 from t5x_like.kernels._flash_reference import reference_attention
 from t5x_like.kernels.relpos import relative_position_bucket
@@ -106,7 +107,7 @@ def test_rel_band_tiles_are_the_table_lookup(bidirectional: bool) -> None:
     """Every [bq, bk] tile sliced from the bands equals table[bucket(k - q)]."""
     cfg = _cfg(rel_bidirectional=bidirectional)
     table = jnp.asarray(np.random.default_rng(0).standard_normal((2, 32)), jnp.float32)
-    relband, bucketband = _flash_gpu_inputs.rel_bands(cfg, table)
+    relband = _flash_gpu_inputs.rel_band(cfg, table)
     bq, bk = cfg.block_q, cfg.block_k
     for q0 in range(0, cfg.lq_pad, bq):
         for k0 in range(0, cfg.lk_pad, bk):
@@ -114,8 +115,50 @@ def test_rel_band_tiles_are_the_table_lookup(bidirectional: bool) -> None:
             want = relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
                                             num_buckets=32, max_distance=24)
             c = k0 - q0 + cfg.lq_pad
-            np.testing.assert_array_equal(bucketband[:, c:c + bk], want)
             np.testing.assert_array_equal(relband[1, :, c:c + bk], table[1][want])
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (32, 24), (8, 16), (4, 8)])
+def test_bucket_runs_partition_the_offset_axis(bidirectional: bool, num_buckets: int,
+                                               max_distance: int) -> None:
+    """The thresholds the Triton dQ kernel sums dS by: along r = k - q, the run that holds r
+    (the last start <= r) carries exactly r's bucket, for offsets far beyond max_distance too."""
+    cfg = dataclasses.replace(_cfg(rel_bidirectional=bidirectional), num_buckets=num_buckets,
+                              rel_max_distance=max_distance)
+    order = _flash_common.bucket_order(cfg)
+    assert sorted(order) == list(range(num_buckets))
+    starts = np.asarray(_flash_gpu_inputs.bucket_run_starts(cfg))
+    assert starts.shape == (cfg.num_buckets_pad,) and np.all(np.diff(starts) >= 0)
+    rel = np.arange(-4 * max_distance, 4 * max_distance)
+    run = np.searchsorted(starts[:len(order)], rel, side="right") - 1
+    want = relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
+                                    num_buckets=num_buckets, max_distance=max_distance)
+    np.testing.assert_array_equal(np.asarray(order)[run], want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_t5_table_gradient_over_many_tiles(causal: bool) -> None:
+    """T5's own buckets (32, max_distance 128) over 300 positions in 32-wide tiles: tiles beyond
+    max_distance, tiles a run boundary crosses and the diagonal's, against XLA's gradient."""
+    rng = np.random.default_rng(3)
+    b, length, h, d = 1, 300, 2, 16
+    q, k, v, do = (jnp.asarray(rng.standard_normal((b, length, h, d)), jnp.float32)
+                   for _ in range(4))
+    table = jnp.asarray(rng.standard_normal((32, h)), jnp.float32)
+    kw = dict(causal=causal, rel_bidirectional=not causal, rel_max_distance=128)
+
+    def ours(t):
+        return flash.flash_attention(q, k, v, rel_bias=t, block_q=32, block_k=32,
+                                     backend="triton", **kw)
+
+    def ref(t):
+        return reference_attention(q, k, v, rel_bias=t, **kw)
+
+    got = jax.vjp(ours, table)[1](do)[0]
+    want = jax.vjp(ref, table)[1](do)[0]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert np.abs(np.asarray(want)).max() > 1.0
 
 
 def test_segment_loop_bounds_cover_exactly_the_overlapping_blocks() -> None:
