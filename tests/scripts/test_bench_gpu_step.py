@@ -14,7 +14,9 @@ import pytest
 from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
-B = load_script("bench_gpu_step")
+B = load_script("bench_gpu_step")  # puts scripts/ on sys.path for its siblings
+P = load_script("gpu_profile")
+W = load_script("gpu_step_workers")
 
 
 def test_smoke_run_interleaves_both_sides_and_resumes_with_nothing_to_do(tmp_path) -> None:
@@ -86,7 +88,7 @@ def _trace() -> list[dict]:
 
 def test_a_gpu_trace_reduces_to_kernels_by_kind_and_region() -> None:
     hlo = HLO.replace("loop_add_fusion.11", "loop_add_multiply_fusion.11")
-    red = B.reduce_trace(_trace(), B.hlo_index(hlo), steps=2, wall_s=0.0008)
+    red = P.reduce_trace(_trace(), P.hlo_index(hlo), steps=2, wall_s=0.0008)
     assert red["kernels_per_step"] == 4
     assert abs(red["kernel_ms_per_step"] - 0.65) < 1e-9
     assert abs(red["busy_ms_per_step"] - 0.65) < 1e-9
@@ -100,13 +102,13 @@ def test_a_gpu_trace_reduces_to_kernels_by_kind_and_region() -> None:
 
 
 def test_reclassify_moves_rows_between_kinds_and_keeps_the_total() -> None:
-    red = B.reduce_trace(_trace(), {}, steps=2, wall_s=0.0008)
+    red = P.reduce_trace(_trace(), {}, steps=2, wall_s=0.0008)
     for r in red["top"]:  # as an older rule labelled them
         red["by_kind_ms"][r["kind"]] -= r["ms_per_step"]
         r["kind"] = "other"
     red["by_kind_ms"]["other"] = 0.65
     hlo = HLO.replace("loop_add_fusion.11", "loop_add_multiply_fusion.11")
-    fixed = B.reclassify(red, hlo)
+    fixed = P.reclassify(red, hlo)
     assert fixed["by_kind_ms"]["attention (cuDNN)"] == pytest.approx(0.3)
     assert abs(sum(fixed["by_kind_ms"].values()) - 0.65) < 1e-9
     assert fixed["top_by_region_ms"]["backward"] == pytest.approx(0.1)
@@ -117,7 +119,7 @@ def test_variant_names_are_checked() -> None:
     assert (v["model"], v["batch"], v["attention"], v["options"]) == (
         "t5_1_1_base", 128, "cudnn", "cublas")
     assert B.parse_variant("base:128:pallas_hopper")["attention"] == "pallas_hopper"
-    assert B.OPTIMIZER_OPTIONS[B.parse_variant("base:128:cudnn:multi_tensor")["options"]] == {
+    assert W.OPTIMIZER_OPTIONS[B.parse_variant("base:128:cudnn:multi_tensor")["options"]] == {
         "multi_tensor": True}
     cfg = B.bench_train.model_config("tiny", "bfloat16", "pallas_hopper")
     assert (cfg.attention_impl, cfg.flash_backend) == ("pallas", "mosaic_gpu")
