@@ -4,7 +4,9 @@ the instructions per tile they imply for the T5 dQ kernel (predicted from the co
     JAX_PLATFORMS=cpu .venv-aot/bin/python scripts/bench_flash_instructions.py [--arch sm_90]
 
 writes `benchmarks/flash_instructions.{json,md}`. Per kernel (plain and with a T5 table): its
-static PTX instruction count, its loop body (the largest basic block: one k tile's work) and, in
+static PTX instruction count, its loop body (the largest basic block, ended by a label or a
+branch: in the Triton kernels one k tile's work without the epilogue; the Hopper kernels' loops
+also hold barrier waits, so there it is the largest piece between them) and, in
 the dQ kernel with a table, one bucket-run threshold's masked row sum (the block the kernel
 unrolls once per run). Per length: how many run thresholds fall strictly inside a dQ tile on
 average (T5's 32 buckets, max_distance 128, `bucket_run_starts`), and loop body + that many masked
@@ -125,7 +127,10 @@ def markdown(r: dict) -> str:
         "# Flash kernels: static PTX instruction counts (deviceless compile)", "",
         f"{r['arch']}, head_dim {r['head_dim']}, jax {r['jax']}, {r['ptxas']}; "
         "`scripts/bench_flash_instructions.py`. Counts from the compiler, **not timings**: they "
-        "predict issue work, what limits a kernel once its tensor-core work is overlapped.", "",
+        "predict issue work, what limits a kernel once its tensor-core work is overlapped. "
+        "Loop body: the largest basic block (the Hopper kernels' loops also hold barrier waits, "
+        "outside it). Not counted per tile: a near-diagonal tile's scalar check of each "
+        "threshold (about 4 instructions each).", "",
         "| backend / variant | kernel | PTX instructions | loop body "
         "| one threshold's masked sum |",
         "|---|---|---|---|---|"]

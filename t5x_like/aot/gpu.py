@@ -408,11 +408,14 @@ def kernel_ptx(fn: Callable, *args: Any, target: str) -> dict[str, str]:
 
 _PTX_LABEL = re.compile(r"(\$L__\w+):")
 _PTX_INSTRUCTION = re.compile(r"(?:@!?%\w+\s+)?[a-z]")
+_PTX_BRANCH = re.compile(r"(?:@!?%\w+\s+)?bra(?:\.uni)?\s")
 
 
 def ptx_blocks(ptx: str, kernel: str) -> list[tuple[str, int]]:
-    """One kernel's PTX as its basic blocks in order: (label, instructions), 'entry' first.
-    Static counts: a block in a loop runs once per iteration, one behind a branch when taken."""
+    """One kernel's PTX as its basic blocks in order: (label, instructions), 'entry' first; a
+    block also ends at a branch (the code after a loop's back edge is 'LABEL+', not part of the
+    loop's block). Static counts: a block in a loop runs once per iteration, one behind a branch
+    when taken."""
     m = re.search(r"\.entry\s+" + re.escape(kernel) + r"\((.*?)\n\}", ptx, re.S)
     if m is None:
         raise ValueError(f"no kernel {kernel!r} in this PTX")
@@ -425,8 +428,11 @@ def ptx_blocks(ptx: str, kernel: str) -> list[tuple[str, int]]:
             label, count = lm.group(1), 0
         elif text and not text.startswith(("//", ".", "{", "}")) and _PTX_INSTRUCTION.match(text):
             count += 1
+            if _PTX_BRANCH.match(text):
+                blocks.append((label, count))
+                label, count = label.rstrip("+") + "+", 0
     blocks.append((label, count))
-    return blocks
+    return [(name, n) for name, n in blocks if n or name == "entry"]
 
 
 def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str) -> dict:

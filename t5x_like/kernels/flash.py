@@ -34,7 +34,7 @@ every t at or below the tile (one vector update), a masked row sum only for a t 
 are differences of neighbours, taken once after the kernel (`bucket_sums`). A tile beyond
 `max_distance` from the diagonal pays one row sum, and the offsets come from index vectors in
 dS's layout. The previous per-bucket masked sums of a loaded bucket-id tile cost Triton a layout
-conversion through shared memory per bucket: 302 PTX instructions a bucket against 140 a
+conversion through shared memory per bucket: 298 PTX instructions a bucket against 136 a
 threshold now (sm_90, d=64; `benchmarks/flash_instructions.md`). The tile's bias is a block
 load from a precomputed band (`_flash_gpu_inputs.rel_band`; 1.28x faster T5 fwd+bwd at length
 4096 on an H100 than per-tile bucket math, `benchmarks/h100/`). The

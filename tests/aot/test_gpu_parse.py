@@ -88,7 +88,8 @@ $L__BB0_3:
 	ret;
 }
 """
-    assert gpu.ptx_blocks(ptx, "k") == [("entry", 1), ("$L__BB0_1", 3), ("$L__BB0_3", 1)]
+    assert gpu.ptx_blocks(ptx, "k") == [("entry", 1), ("$L__BB0_1", 2), ("$L__BB0_1+", 1),
+                                        ("$L__BB0_3", 1)]
     with pytest.raises(ValueError, match="no kernel 'missing'"):
         gpu.ptx_blocks(ptx, "missing")
 
