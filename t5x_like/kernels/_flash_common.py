@@ -181,21 +181,27 @@ def logits_tile(
     cfg: FlashConfig, s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, qseg: jax.Array | None,
     kseg: jax.Array | None, pq: jax.Array | None, pk: jax.Array | None,
     table_row: jax.Array | None, bias: jax.Array | None, rel_tile: jax.Array | None = None,
+    unit: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Scaled scores s [bq, bk] + biases, masked to -inf. Returns (logits, bucket ids or None).
+    """Scaled scores s [bq, bk] + biases, masked to -inf, times `unit` (log2 e: logits in base 2,
+    for `exp2`; folded into the scale and one multiply-add per bias). Returns (logits, bucket
+    ids or None).
 
-    `rel_tile` [bq, bk]: the T5 bias of the tile when the caller already has it (the GPU kernels
-    gather it); otherwise it is computed here from `table_row` and the bucket ids are returned.
+    `rel_tile` [bq, bk]: the T5 bias of the tile, already times `unit`, when the caller has it
+    (the GPU kernels load it from a band); otherwise it is computed here from `table_row` and
+    the bucket ids are returned.
     """
-    s = s * cfg.sm_scale if cfg.sm_scale != 1.0 else s
+    scale = cfg.sm_scale * unit
+    s = s * scale if scale != 1.0 else s
+    with_unit = lambda x: x * unit if unit != 1.0 else x  # noqa: E731
     bucket = None
     if cfg.has_rel and rel_tile is not None:
         s = s + rel_tile
     elif cfg.has_rel:
         bucket = rel_bucket_tile(cfg, q_idx, k_idx)
-        s = s + rel_bias_tile(cfg, bucket, table_row)
+        s = s + with_unit(rel_bias_tile(cfg, bucket, table_row))
     if cfg.has_bias:
-        s = s + bias.astype(jnp.float32)
+        s = s + with_unit(bias.astype(jnp.float32))
     mask = tile_mask(cfg, q_idx, k_idx, qseg, kseg, pq, pk)
     if mask is not None:
         s = jnp.where(mask, s, NEG_INF)

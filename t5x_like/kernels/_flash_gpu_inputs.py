@@ -18,8 +18,9 @@ def offset_row_width(cfg: FlashConfig) -> int:
     return 1 << (cfg.lq_pad + cfg.lk_pad - 1).bit_length()
 
 
-def rel_band(cfg: FlashConfig, table: jax.Array) -> jax.Array:
-    """The T5 bias "band" from the padded table `[H, num_buckets_pad]`.
+def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0) -> jax.Array:
+    """The T5 bias "band" from the padded table `[H, num_buckets_pad]`, times `unit` (log2 e for
+    kernels whose logits are in base 2).
 
     Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
     a contiguous run shifted by i. The band stores those shifted runs: with column
@@ -33,7 +34,7 @@ def rel_band(cfg: FlashConfig, table: jax.Array) -> jax.Array:
     x = jnp.arange(width, dtype=jnp.int32)[None, :]
     rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
     bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
-    return jnp.take(table.astype(jnp.float32), bucket.reshape(cfg.block_q, width), axis=1)
+    return jnp.take(table.astype(jnp.float32) * unit, bucket.reshape(cfg.block_q, width), axis=1)
 
 
 def bucket_run_starts(cfg: FlashConfig) -> jax.Array:

@@ -18,6 +18,7 @@ The backward kernels run with the `bwd_*` blocks of `FlashConfig`.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,10 @@ from jax.experimental.pallas import triton as plgpu
 from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels import _flash_gpu_inputs as gpu_inputs
 from t5x_like.kernels._flash_common import FlashConfig, dot
+
+# Softmax in base 2 (`exp2` is one `ex2.approx` instruction; `exp` lowers to libdevice's
+# range-reduced expf, about eight): logits times log2 e, folded into the scale.
+LOG2E = math.log2(math.e)
 
 
 def _cost(cfg: FlashConfig, kernel: str, itemsize: int, batch: int) -> pl.CostEstimate:
@@ -65,12 +70,21 @@ def _only(names: list[str], *drop: str) -> list[str]:
     return [n for n in names if n not in drop]
 
 
-def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, list[str]]:
-    """Side inputs as the GPU kernels take them: the bucket table becomes the bias / bucket
-    bands, segment ids add per-block loop bounds."""
+def _fwd_unit(cfg: FlashConfig) -> float:
+    """The forward's logit unit: base 2 (log2 e), but base e with a T5 table, where the base-2
+    forward used every register on sm_90 at head_dim 64 (its band loads became pipelined) and
+    spilled with packed prefix masks."""
+    return 1.0 if cfg.has_rel else LOG2E
+
+
+def _gpu_side(cfg: FlashConfig, side: dict, names: list[str],
+              unit: float) -> tuple[dict, list[str]]:
+    """Side inputs as the GPU kernels take them: the bucket table becomes the bias band (in the
+    kernel's logit `unit`) and the bucket runs' first offsets, segment ids add per-block loop
+    bounds."""
     side = dict(side)
     if cfg.has_rel:
-        side["relband"] = gpu_inputs.rel_band(cfg, side.pop("tab"))
+        side["relband"] = gpu_inputs.rel_band(cfg, side.pop("tab"), unit=unit)
         side["bucketstarts"] = gpu_inputs.bucket_run_starts(cfg)
         names = [n for n in names if n != "tab"] + ["relband", "bucketstarts"]
     if cfg.has_seg:
@@ -176,17 +190,19 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     q0 = pl.program_id(2) * cfg.block_q
     q = r["q"][...]
     q_idx, qseg, pq, lo, hi = _q_loop_state(cfg, r, q0)
+    unit = _fwd_unit(cfg)
+    exp, log = (jnp.exp2, jnp.log2) if unit != 1.0 else (jnp.exp, jnp.log)
 
     def body(j, carry):
         m, denom, acc = carry
         _, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         rel = _rel_tile(cfg, r, q0, j * cfg.block_k) if cfg.has_rel else None
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                              bias, rel)
+                                  bias, rel, unit=unit)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == common.NEG_INF, 0.0, m_new)
-        alpha = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[:, None])
+        alpha = exp(m - m_safe)
+        p = exp(s - m_safe[:, None])
         denom_new = denom * alpha + jnp.sum(p, axis=1)
         acc_new = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
         return m_new, denom_new, acc_new
@@ -197,7 +213,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     m, denom, acc = jax.lax.fori_loop(lo, hi, body, init)
     empty = denom == 0.0  # fully-masked rows: output 0, lse 0 (finite: the backward stays finite)
     r["o"][...] = (acc / jnp.where(empty, 1.0, denom)[:, None]).astype(r["o"].dtype)
-    r["lse"][...] = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, denom)))
+    r["lse"][...] = jnp.where(empty, 0.0, (m + log(jnp.where(empty, 1.0, denom))) / unit)
 
 
 def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
@@ -215,7 +231,7 @@ def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32."""
-    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + common.side_names(cfg))
+    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + common.side_names(cfg), _fwd_unit(cfg))
     specs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     return _call(
         cfg, _fwd_kernel, "fwd", _only(names, "bucketstarts", "qlo", "qhi"),
@@ -249,12 +265,12 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
         bias = r["bias"][qs, :] if cfg.has_bias else None
         q = r["q"][qs, :]
         do = r["do"][qs, :]
-        lse = r["lse"][qs]
+        lse2 = r["lse"][qs] * LOG2E
         delta = r["delta"][qs]
         rel = _rel_tile(cfg, r, q0, k0) if cfg.has_rel else None
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                              bias, rel)
-        p = jnp.exp(s - lse[:, None])
+                                  bias, rel, unit=LOG2E)
+        p = jnp.exp2(s - lse2[:, None])
         dv = dv + dot(p.astype(do.dtype), do, ta=True)
         dp = dot(do, v, tb=True)
         ds = p * (dp - delta[:, None])
@@ -272,7 +288,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
     q0 = pl.program_id(2) * cfg.block_q
     q = r["q"][...]
     do = r["do"][...]
-    lse = r["lse"][...]
+    lse2 = r["lse"][...] * LOG2E
     delta = r["delta"][...]
     q_idx, qseg, pq, lo, hi = _q_loop_state(cfg, r, q0)
     if cfg.has_bias:  # tiles we skip must still read as a zero gradient
@@ -290,8 +306,8 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         k0 = j * cfg.block_k
         rel = _rel_tile(cfg, r, q0, k0) if cfg.has_rel else None
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                              bias, rel)
-        p = jnp.exp(s - lse[:, None])
+                                  bias, rel, unit=LOG2E)
+        p = jnp.exp2(s - lse2[:, None])
         ds = p * (dot(do, v, tb=True) - delta[:, None])
         dq = dq + dot(ds.astype(k.dtype), k)
         if cfg.has_rel:
@@ -319,7 +335,7 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
     delta = gpu_inputs.delta_of(o, do)
     side, names = _gpu_side(cfg, side, ["q", "k", "v", "do", "lse", "delta"]
-                            + common.side_names(cfg))
+                            + common.side_names(cfg), LOG2E)
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
     dkdv_names = _only(names, "bucketstarts", "klo", "khi")
     names = _only(names, "qlo", "qhi")
