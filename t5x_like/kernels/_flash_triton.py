@@ -71,10 +71,10 @@ def _only(names: list[str], *drop: str) -> list[str]:
 
 
 def _fwd_unit(cfg: FlashConfig) -> float:
-    """The forward's logit unit: base 2 (log2 e), but base e with a T5 table, where the base-2
-    forward used every register on sm_90 at head_dim 64 (its band loads became pipelined) and
-    spilled with packed prefix masks."""
-    return 1.0 if cfg.has_rel else LOG2E
+    """The forward's logit unit: base 2 (log2 e), but base e with a T5 table and a prefix mask:
+    with the table the base-2 forward uses all 255 registers on sm_90 at head_dim 64 (its band
+    loads become pipelined), and with the prefix flags too it spilled."""
+    return 1.0 if cfg.has_rel and cfg.has_prefix else LOG2E
 
 
 def _gpu_side(cfg: FlashConfig, side: dict, names: list[str],
