@@ -1,23 +1,22 @@
 """Static PTX instruction counts of the flash kernels, compiled deviceless for one GPU arch, and
-the instructions per tile they imply for the T5 dQ kernel (predicted from the compiler, not timed).
+the instructions per tile they imply for the T5 dQ kernels (predicted from the compiler, not timed).
 
     JAX_PLATFORMS=cpu .venv-aot/bin/python scripts/bench_flash_instructions.py [--arch sm_90]
 
 writes `benchmarks/flash_instructions.{json,md}`. Per kernel (plain and with a T5 table): its
 static PTX instruction count, its loop body (the largest basic block, ended by a label or a
 branch: in the Triton kernels one k tile's work without the epilogue; the Hopper kernels' loops
-also hold barrier waits, so there it is the largest piece between them) and, in
-the dQ kernel with a table, one bucket-run threshold's masked row sum (the block the kernel
-unrolls once per run). Per length: how many run thresholds fall strictly inside a dQ tile on
-average (T5's 32 buckets, max_distance 128, `bucket_run_starts`), and loop body + that many masked
-sums as the T5 dQ kernel's instructions per tile, against the plain dQ kernel's loop body. Not
-counted: a near-diagonal tile's scalar checks of each threshold (a few instructions each).
+also hold barrier waits, so there it is the largest piece between them) and its whole loop (a
+label to the last branch back to it, blocks it may branch over included). Per length, a T5 dQ
+kernel's instructions per tile against the plain dQ kernel's whole loop: its loop on each path,
+weighted by the share of tiles in their q block's window (`gpu_inputs.near_window`, T5's 32
+buckets, max_distance 128): such a tile stores its dS (2 bytes an element to HBM), another adds
+its row sums (the loop's smaller blocks holding a global store / `shfl.sync`; one runs per tile).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import pathlib
 import sys
@@ -42,32 +41,41 @@ def kernel_counts(arch: str, head_dim: int, backend: str, variant: str) -> dict[
         if not name.startswith("t5x_like_flash"):
             continue
         sizes = [n for _, n in gpu.ptx_blocks(ptx, name)]
-        repeated = collections.Counter(n for n in sizes if n >= 50).most_common(1)
         short = name.removeprefix("t5x_like_flash_").removesuffix("_mosaic_gpu_kernel")
-        counts[short] = {"total": sum(sizes), "loop": max(sizes),
-                         "threshold": repeated[0][0] if repeated and repeated[0][1] >= 8 else 0}
+        loop = gpu.ptx_loop(ptx, name)
+        whole = sum(len(lines) for _, lines in loop)
+
+        def branch(is_marker, loop=loop, whole=whole) -> int:
+            """Instructions of the loop's smaller blocks with a marked line: one path's code."""
+            return sum(len(lines) for _, lines in loop
+                       if len(lines) < whole / 2 and any(map(is_marker, lines)))
+
+        def is_store(line: str) -> bool:  # st.global (Triton) or a generic st (Mosaic GPU)
+            return line.startswith("st.") and not line.startswith("st.shared")
+
+        counts[short] = {"total": sum(sizes), "loop": max(sizes), "whole_loop": whole,
+                         "store_block": branch(is_store),
+                         "row_sum_block": branch(lambda line: line.startswith("shfl.sync"))}
     return counts
 
 
-def thresholds_inside(length: int, rows: int, cols: int, bidirectional: bool) -> tuple[int, float]:
-    """(tiles, mean thresholds strictly inside a tile's offsets) of one (batch, head) of a
-    T5-table dQ kernel at `length`, tiles `rows` x `cols`, causal tiles above the diagonal
+def window_share(length: int, rows: int, cols: int, bidirectional: bool) -> float:
+    """Share of one (batch, head)'s visited dQ tiles in their q block's window, whose dS the
+    Triton dQ kernel stores (`gpu_inputs.near_window`), causal tiles above the diagonal
     skipped."""
-    import numpy as np
-
     from t5x_like.kernels import _flash_gpu_inputs
 
-    cfg = types.SimpleNamespace(rel_bidirectional=bidirectional, num_buckets_pad=32, **T5)
-    starts = np.asarray(_flash_gpu_inputs.bucket_run_starts(cfg))[1:T5["num_buckets"]]
-    tiles = inside = 0
+    cfg = types.SimpleNamespace(block_q=rows, block_k=cols, nq=length // rows,
+                                nk=length // cols, **T5)
+    nwin, tiles, stored = _flash_gpu_inputs.near_window(cfg), 0, 0
     for q0 in range(0, length, rows):
-        for k0 in range(0, length, cols):
-            if not bidirectional and k0 > q0 + rows - 1:
+        j0 = int(_flash_gpu_inputs.near_first_block(cfg, q0))
+        for j in range(length // cols):
+            if not bidirectional and j * cols > q0 + rows - 1:
                 continue
-            rmin, rmax = k0 - q0 - (rows - 1), k0 + cols - 1 - q0
             tiles += 1
-            inside += int(((starts > rmin) & (starts <= rmax)).sum())
-    return tiles, inside / tiles
+            stored += j0 <= j < j0 + nwin
+    return stored / tiles
 
 
 def dq_tile(arch: str, head_dim: int, backend: str) -> tuple[int, int]:
@@ -102,16 +110,19 @@ def main() -> int:
         dq = [name for name in kernels[f"{backend}/rel"] if name.startswith("bwd_dq")][0]
         plain, t5 = kernels[f"{backend}/full"][dq], kernels[f"{backend}/rel"][dq]
         rows, cols = dq_tile(args.arch, args.head_dim, backend)
+        window_rows = 128 if backend == "mosaic_gpu" else rows  # Hopper: per 128-row block
+        stored = t5["whole_loop"] - t5["row_sum_block"]
+        far = t5["whole_loop"] - t5["store_block"]
         for length in LENGTHS:
             for bidirectional in (True, False):
-                n, inside = thresholds_inside(length, rows, cols, bidirectional)
-                per_tile = t5["loop"] + t5["threshold"] * inside
+                share = window_share(length, window_rows, cols, bidirectional)
+                per_tile = share * stored + (1 - share) * far
                 tiles.append({"backend": backend, "length": length,
                               "mask": "bidirectional" if bidirectional else "causal",
-                              "tile": [rows, cols], "tiles": n,
-                              "thresholds_inside": round(inside, 2),
-                              "t5_per_tile": round(per_tile), "plain_per_tile": plain["loop"],
-                              "t5_over_plain": round(per_tile / plain["loop"], 2)})
+                              "tile": [rows, cols], "stored_share": round(share, 3),
+                              "t5_per_tile": round(per_tile),
+                              "plain_per_tile": plain["whole_loop"],
+                              "t5_over_plain": round(per_tile / plain["whole_loop"], 2)})
     result = {"arch": args.arch, "head_dim": args.head_dim, "jax": jax.__version__,
               "ptxas": gpu.ptxas_version(), "seconds": round(time.time() - t0),
               "kernels": kernels, "dq_per_tile": tiles}
@@ -129,23 +140,24 @@ def markdown(r: dict) -> str:
         "`scripts/bench_flash_instructions.py`. Counts from the compiler, **not timings**: they "
         "predict issue work, what limits a kernel once its tensor-core work is overlapped. "
         "Loop body: the largest basic block (the Hopper kernels' loops also hold barrier waits, "
-        "outside it). Not counted per tile: a near-diagonal tile's scalar check of each "
-        "threshold (about 4 instructions each).", "",
-        "| backend / variant | kernel | PTX instructions | loop body "
-        "| one threshold's masked sum |",
+        "outside it); whole loop: a label to the last branch back to it, blocks it may skip "
+        "included.", "",
+        "| backend / variant | kernel | PTX instructions | loop body | whole loop |",
         "|---|---|---|---|---|"]
     for key, kernels in r["kernels"].items():
         for name, k in kernels.items():
             lines.append(f"| {key} | {name} | {k['total']:,} | {k['loop']:,} | "
-                         f"{k['threshold'] or '-'} |")
+                         f"{k['whole_loop']:,} |")
     lines += [
-        "", "T5-table dQ kernel, instructions per tile (predicted: loop body + mean thresholds "
-        "inside a tile x one masked sum; T5's 32 buckets, max_distance 128):", "",
-        "| backend | length | mask | tile | tiles | thresholds inside | T5 per tile | "
-        "plain per tile | T5 / plain |", "|---|---|---|---|---|---|---|---|---|"]
+        "", "T5-table dQ kernels, instructions per tile (predicted; T5's 32 buckets, "
+        "max_distance 128): the loop with the store of a window tile's dS (2 bytes an element "
+        "to HBM, summed by offset after the kernel) for the stored share of tiles, with the "
+        "row sums for the others; plain: the plain dQ kernel's whole loop.", "",
+        "| backend | length | mask | tile | dS stored | T5 per tile | plain per tile | "
+        "T5 / plain |", "|---|---|---|---|---|---|---|---|"]
     for t in r["dq_per_tile"]:
         lines.append(f"| {t['backend']} | {t['length']} | {t['mask']} | {t['tile'][0]}x"
-                     f"{t['tile'][1]} | {t['tiles']:,} | {t['thresholds_inside']} | "
+                     f"{t['tile'][1]} | {100 * t['stored_share']:.0f}% | "
                      f"{t['t5_per_tile']:,} | {t['plain_per_tile']:,} | {t['t5_over_plain']} |")
     return "\n".join(lines) + "\n"
 

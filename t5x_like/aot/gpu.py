@@ -411,28 +411,55 @@ _PTX_INSTRUCTION = re.compile(r"(?:@!?%\w+\s+)?[a-z]")
 _PTX_BRANCH = re.compile(r"(?:@!?%\w+\s+)?bra(?:\.uni)?\s")
 
 
+def _ptx_block_lines(ptx: str, kernel: str) -> list[tuple[str, list[str]]]:
+    """One kernel's PTX as (label, instruction lines) per basic block, 'entry' first."""
+    m = re.search(r"\.entry\s+" + re.escape(kernel) + r"\((.*?)\n\}", ptx, re.S)
+    if m is None:
+        raise ValueError(f"no kernel {kernel!r} in this PTX")
+    blocks: list[tuple[str, list[str]]] = [("entry", [])]
+    for line in m.group(1).splitlines():
+        text = line.strip()
+        lm = _PTX_LABEL.match(text)
+        if lm:
+            blocks.append((lm.group(1), []))
+        elif text and not text.startswith(("//", ".", "{", "}")) and _PTX_INSTRUCTION.match(text):
+            blocks[-1][1].append(text)
+            if _PTX_BRANCH.match(text):
+                blocks.append((blocks[-1][0].rstrip("+") + "+", []))
+    return [(name, lines) for name, lines in blocks if lines or name == "entry"]
+
+
 def ptx_blocks(ptx: str, kernel: str) -> list[tuple[str, int]]:
     """One kernel's PTX as its basic blocks in order: (label, instructions), 'entry' first; a
     block also ends at a branch (the code after a loop's back edge is 'LABEL+', not part of the
     loop's block). Static counts: a block in a loop runs once per iteration, one behind a branch
     when taken."""
-    m = re.search(r"\.entry\s+" + re.escape(kernel) + r"\((.*?)\n\}", ptx, re.S)
-    if m is None:
-        raise ValueError(f"no kernel {kernel!r} in this PTX")
-    blocks, label, count = [], "entry", 0
-    for line in m.group(1).splitlines():
-        text = line.strip()
-        lm = _PTX_LABEL.match(text)
-        if lm:
-            blocks.append((label, count))
-            label, count = lm.group(1), 0
-        elif text and not text.startswith(("//", ".", "{", "}")) and _PTX_INSTRUCTION.match(text):
-            count += 1
-            if _PTX_BRANCH.match(text):
-                blocks.append((label, count))
-                label, count = label.rstrip("+") + "+", 0
-    blocks.append((label, count))
-    return [(name, n) for name, n in blocks if n or name == "entry"]
+    return [(name, len(lines)) for name, lines in _ptx_block_lines(ptx, kernel)]
+
+
+def ptx_loop(ptx: str, kernel: str) -> list[tuple[str, list[str]]]:
+    """The blocks of one kernel's largest loop: from a label to a branch back to it, overlapping
+    such spans merged (a loop whose paths end in different back edges), so one iteration's code
+    on every path, with the blocks a path may branch over (a conditional store); [] when the
+    kernel has no loop."""
+    blocks = _ptx_block_lines(ptx, kernel)
+    first = {name: i for i, (name, _) in reversed(list(enumerate(blocks)))}
+    spans = []
+    for i, (_, lines) in enumerate(blocks):
+        for line in lines:
+            target = re.search(r"(\$L__\w+);", line) if _PTX_BRANCH.match(line) else None
+            if target and first.get(target.group(1), i + 1) <= i:  # a branch back: a loop
+                spans.append([first[target.group(1)], i])
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    if not merged:
+        return []
+    start, end = max(merged, key=lambda se: sum(len(b[1]) for b in blocks[se[0]:se[1] + 1]))
+    return blocks[start:end + 1]
 
 
 def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str) -> dict:

@@ -137,7 +137,8 @@ def bucket_order(cfg: FlashConfig) -> tuple[int, ...]:
     """The bucket ids in the order they occur along the offset axis r = k - q, from -inf to
     +inf: each id covers one contiguous run of offsets (a bucket is monotone in |r| on each
     side), possibly empty (bidirectional: id num_buckets // 2, as r > 0 starts at bucket
-    half + 1). With `gpu_inputs.bucket_run_starts` this partitions any tile by thresholds."""
+    half + 1). The first and last are the outermost buckets, beyond max_distance: the GPU dQ
+    kernels add whole tiles there (`gpu_inputs.near_window`)."""
     if not cfg.rel_bidirectional:
         return tuple(range(cfg.num_buckets - 1, -1, -1))
     half = cfg.num_buckets // 2
@@ -187,17 +188,19 @@ def logits_tile(
     for `exp2`; folded into the scale and one multiply-add per bias). Returns (logits, bucket
     ids or None).
 
-    `rel_tile` [bq, bk]: the T5 bias of the tile, already times `unit`, when the caller has it
-    (the GPU kernels load it from a band); otherwise it is computed here from `table_row` and
-    the bucket ids are returned.
+    `rel_tile` [bq, bk]: the T5 bias of the tile divided by sm_scale (in the scores' units),
+    when the caller has it (the Triton kernels load it from a band): added before the scale,
+    right after the product, so Triton folds it into the MMA as its accumulator's start (one
+    add an element fewer). Otherwise the bias is computed here from `table_row` and the bucket
+    ids are returned.
     """
     scale = cfg.sm_scale * unit
+    if cfg.has_rel and rel_tile is not None:
+        s = s + rel_tile
     s = s * scale if scale != 1.0 else s
     with_unit = lambda x: x * unit if unit != 1.0 else x  # noqa: E731
     bucket = None
-    if cfg.has_rel and rel_tile is not None:
-        s = s + rel_tile
-    elif cfg.has_rel:
+    if cfg.has_rel and rel_tile is None:
         bucket = rel_bucket_tile(cfg, q_idx, k_idx)
         s = s + with_unit(rel_bias_tile(cfg, bucket, table_row))
     if cfg.has_bias:

@@ -1,8 +1,8 @@
 """Inputs the GPU backends (Triton, Mosaic GPU) derive outside their kernels, in XLA: the T5
 bias band (a tile's bias becomes a block load; with keys as rows for the Hopper dK/dV kernel),
-the bucket runs' first offsets and the table gradient from the dQ kernels' per-run sums,
-per-block segment ranges (loop bounds that skip blocks sharing no segment), the
-Hopper kernels' side arguments and the backward's Δ."""
+the table gradient from the dQ kernels' stored near-diagonal dS tiles and far tiles' sums,
+per-block segment ranges (loop bounds that skip blocks sharing no segment), the Hopper kernels'
+side arguments and the backward's Δ."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def offset_row_width(cfg: FlashConfig) -> int:
 
 
 def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0) -> jax.Array:
-    """The T5 bias "band" from the padded table `[H, num_buckets_pad]`, times `unit` (log2 e for
-    kernels whose logits are in base 2).
+    """The T5 bias "band" from the padded table `[H, num_buckets_pad]`, times `unit` (1 /
+    sm_scale for the Triton kernels, which add it to the scores before scaling).
 
     Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
     a contiguous run shifted by i. The band stores those shifted runs: with column
@@ -37,30 +37,66 @@ def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0) -> jax.Array
     return jnp.take(table.astype(jnp.float32) * unit, bucket.reshape(cfg.block_q, width), axis=1)
 
 
-def bucket_run_starts(cfg: FlashConfig) -> jax.Array:
-    """First offset r = k - q of each run of `common.bucket_order(cfg)`, `[num_buckets_pad]`
-    int32: entry 0 (the run from -inf) and the padding hold -2^30 / +2^30. Computed by the same
-    function as the bands, on the device, so the gradient's runs match the forward's biases
-    wherever float rounding puts a log-bucket boundary."""
-    order = common.bucket_order(cfg)
-    reach = cfg.rel_max_distance + 1  # beyond it each side's bucket is constant
-    rel = jnp.arange(-reach, reach + 1, dtype=jnp.int32)
-    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel)[0]
-    position = jnp.zeros((cfg.num_buckets,), jnp.int32).at[jnp.array(order)].set(
-        jnp.arange(len(order), dtype=jnp.int32))[bucket]  # nondecreasing in r
-    starts = -reach + jnp.sum(position[None, :] < jnp.arange(1, len(order))[:, None], axis=1)
-    big = jnp.full((1,), 2**30, jnp.int32)
-    return jnp.concatenate([-big, starts.astype(jnp.int32),
-                            jnp.broadcast_to(big, (cfg.num_buckets_pad - len(order),))])
+def _window_reach(cfg: FlashConfig) -> int:
+    """Beyond max_distance on each side of the diagonal the bucket is constant (T5 clips it), so
+    bucket boundaries lie at offsets k - q in [-reach, reach]."""
+    return cfg.rel_max_distance + 1
 
 
-def bucket_sums(cfg: FlashConfig, cum: jax.Array) -> jax.Array:
-    """Per bucket `[..., num_buckets_pad]` from the dQ kernels' per-run sums C(t_i) (dS summed
-    over offsets >= run i's first): run i's own sums C(t_i) - C(t_i+1), at its bucket's index."""
+def _window_bounds(cfg: FlashConfig, q0: int) -> tuple[int, int]:
+    """The k blocks [first, last + 1) of q block q0 whose tiles a bucket boundary can cross:
+    rmin <= reach and rmax >= -reach (`common.tile_offset_range`)."""
+    reach, bk = _window_reach(cfg), cfg.block_k
+    first = max(q0 - reach, 0) // bk
+    last = min((q0 + cfg.block_q - 1 + reach) // bk, cfg.nk - 1)
+    return first, max(last + 1, first)
+
+
+def near_window(cfg: FlashConfig) -> int:
+    """k blocks per q block whose dS tiles the dQ kernels store for the T5 table gradient: the
+    widest run of tiles, over the q blocks, that a bucket boundary can cross. About
+    (2 max_distance + block_q) / block_k + 1, at most nk: the memory is O(length)."""
+    return max(b - a for a, b in (_window_bounds(cfg, i * cfg.block_q) for i in range(cfg.nq)))
+
+
+def near_first_block(cfg: FlashConfig, q0):
+    """First k block of q block q0's window (traced in the kernels, int in XLA): its own first
+    block, moved back so that the `near_window` blocks end by nk."""
+    first = jnp.maximum(q0 - _window_reach(cfg), 0) // cfg.block_k
+    return jnp.minimum(first, cfg.nk - near_window(cfg))
+
+
+def near_window_bucket_sums(cfg: FlashConfig, band: jax.Array) -> jax.Array:
+    """T5 table gradient `[H, num_buckets_pad]` f32 of the stored window tiles.
+
+    `band` [B, H, nq, block_q, W] holds, per q block, dS of its `near_window` k blocks side by
+    side (W = near_window * block_k columns from k block `near_first_block`). Summed over the
+    batch first (f32), then by offset: rows reversed and row i' shifted right by i' (pad,
+    reshape, slice: no gather), so column y of q block i holds offset
+    r = first_i * block_k - i * block_q - (block_q - 1) + y; then one product with the offsets'
+    one-hot buckets (full f32 precision: no TF32), computed by the same function as the
+    forward's band."""
+    heads, nq, bq, width = band.shape[1:]
+    s = jnp.sum(band.astype(jnp.float32), axis=0)[:, :, ::-1, :]
+    s = jnp.pad(s, ((0, 0), (0, 0), (0, 0), (0, bq))).reshape(heads, nq, bq * (width + bq))
+    diag = s[..., : bq * (width + bq - 1)].reshape(heads, nq, bq, width + bq - 1).sum(axis=2)
+    i = jnp.arange(nq, dtype=jnp.int32)
+    base = near_first_block(cfg, i * bq) * cfg.block_k - i * bq - (bq - 1)
+    rel = base[:, None] + jnp.arange(width + bq - 1, dtype=jnp.int32)[None, :]
+    bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))[0]
+    one_hot = jax.nn.one_hot(bucket, cfg.num_buckets_pad, dtype=jnp.float32)
+    return jnp.matmul(diag.reshape(heads, -1), one_hot, precision=jax.lax.Precision.HIGHEST)
+
+
+def window_table_gradient(cfg: FlashConfig, band: jax.Array, far: jax.Array) -> jax.Array:
+    """The Triton dQ kernel's T5 table gradient `[H, num_buckets_pad]` f32: its stored window
+    tiles (`near_window_bucket_sums`) plus `far` [B, H, nq, 2, block_q], the row sums of the
+    tiles outside the windows, each wholly in its side's outermost bucket (0: left, offsets
+    below -max_distance; 1: right; `common.bucket_order`'s first and last)."""
     order = common.bucket_order(cfg)
-    runs = cum[..., :len(order)] - jnp.concatenate(
-        [cum[..., 1:len(order)], jnp.zeros_like(cum[..., :1])], axis=-1)
-    return jnp.zeros_like(cum).at[..., jnp.array(order)].set(runs)
+    side = jnp.sum(far, axis=(0, 2, 4))  # [H, 2]
+    return near_window_bucket_sums(cfg, band).at[:, order[0]].add(side[:, 0]).at[
+        :, order[-1]].add(side[:, 1])
 
 
 def _block_segment_range(seg: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:

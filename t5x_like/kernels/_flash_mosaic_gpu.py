@@ -534,8 +534,6 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         words = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))  # 4-byte tiles
         smem["rel"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.float32, transforms=words)
         smem["tab"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
-        smem["starts"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.int32)
-        own.append("starts")
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
@@ -547,44 +545,23 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     return smem, barriers(own, _dq_streams(cfg, ops), s)
 
 
-def _table_grad(cfg: FlashConfig, ops: Ops, acc: jax.Array, starts_ref, starts_gmem,
-                ds: jax.Array, q0, k0) -> jax.Array:
-    """acc [64, NBp] += per query row, in column i, dS [64, bk] summed over the tile's offsets
-    r = k - q >= t_i (run i's first offset): run i's sums are column i minus column i + 1, taken
-    after the kernel (`gpu_inputs.bucket_sums`). Thresholds at or below the tile's offsets
-    get the whole row sum in one update; each inside the tile (scalar corner math) costs a masked
-    row sum behind a `cond`, so a tile beyond max_distance from the diagonal pays one row sum.
-    The run starts (a vector from `starts_ref` in shared memory, scalars from `starts_gmem`) and
-    the offsets are read or rebuilt per use, not held across the loop: at head_dim 128 those
-    registers spilled."""
-    runs = len(common.bucket_order(cfg))
-    rmin, rmax = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
-    shape = acc.shape
-    total = lax.broadcast_in_dim(ds.sum(axis=1), shape, [0])
-    starts = ops.load(starts_ref, plgpu.Layout.WGMMA.reduce(0))
-    acc = acc + jnp.where(lax.broadcast_in_dim(starts, shape, [1]) <= rmin, total, 0.0)
-    ids = ops.iota(shape, 1)
-
-    def inside(acc):
-        for i in range(1, runs):
-
-            def add(a, i=i):
-                off = ops.iota(ds.shape, 1) - ops.iota(ds.shape, 0) + (k0 - q0)
-                rows = jnp.where(off >= starts_gmem[i], ds, 0.0).sum(axis=1)
-                return a + jnp.where(ids == i, lax.broadcast_in_dim(rows, shape, [0]), 0.0)
-
-            t = starts_gmem[i]
-            acc = lax.cond((rmin < t) & (t <= rmax), add, lambda a: a, acc)
-        return acc
-
-    near = (rmin < starts_gmem[runs - 1]) & (starts_gmem[1] <= rmax)  # a threshold inside
-    return lax.cond(near, inside, lambda a: a, acc)
+def _far_tile_sums(cfg: FlashConfig, ops: Ops, acc: jax.Array, ds: jax.Array, q0,
+                   k0) -> jax.Array:
+    """acc [64, NBp] += the tile's row sums of dS in the column of its side's outermost bucket:
+    a tile outside its q block's window (`gpu_inputs.near_window`) lies beyond max_distance on
+    one side of the diagonal, wholly in that bucket (`common.bucket_order`'s first or last)."""
+    order = common.bucket_order(cfg)
+    rmin, _ = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
+    col = jnp.where(rmin > cfg.rel_max_distance, order[-1], order[0])
+    total = lax.broadcast_in_dim(ds.sum(axis=1), acc.shape, [0])
+    return acc + jnp.where(ops.iota(acc.shape, 1) == col, total, 0.0)
 
 
 def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
                  ops: Ops):
     """dQ of the warpgroup's 64 query rows over k blocks [lo, hi), and with a T5 table its
-    gradient's partial sums over these rows:
+    gradient: dS of the tiles in the q block's window stored (`gpu_inputs.near_window`), the
+    row sums of the others in their outermost bucket's column:
 
         p = 2^(s·log2 e - lse·log2 e);  dP = dO vᵀ;  dS = p (dP - Δ);  dQ += dS k (· scale)
         d table[n] += sum of dS over the tile's (q, k) with bucket(k - q) = n
@@ -601,8 +578,6 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         own["qseg"] = r["qseg"].at[b, rows]
     if cfg.has_prefix:
         own["pq"] = r["pq"].at[b, rows]
-    if cfg.has_rel:
-        own["starts"] = r["bucketstarts"]
     load_own(smem, bars, own, wg)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
@@ -611,6 +586,11 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     delta = ops.load(smem["delta"].at[wg], row_layout)
     a_smem = smem["a"].at[wg] if ops.interpret else None
     streams = _dq_streams(cfg, ops)
+    if cfg.has_rel:  # the q block's window; this warpgroup's rows of its stored dS tiles
+        nwin = gpu_inputs.near_window(cfg)
+        j0 = gpu_inputs.near_first_block(cfg, i * cfg.block_q)
+        rows_in_block = pl.ds(wg * ROWS, ROWS)
+        band = lambda j: r["dsband"].at[b, h, i, rows_in_block, pl.ds((j - j0) * bk, bk)]  # noqa: E731
 
     def step(j, carry):
         dq, tab = carry
@@ -623,8 +603,14 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         ds = p * (dp - rows_of(delta))
         dq = ops.mma_acc(dq, ds.astype(dtype), smem["k"].at[slot], a_smem)
         if cfg.has_rel:
-            tab = _table_grad(cfg, ops, tab, smem["starts"].at[wg], r["bucketstarts"], ds, q0,
-                              j * bk)
+            in_window = (j0 <= j) & (j < j0 + nwin)
+            tab = lax.cond(in_window, lambda t: t,
+                           lambda t: _far_tile_sums(cfg, ops, t, ds, q0, j * bk), tab)
+
+            @pl.when(in_window)
+            def _():
+                band(j)[...] = ds.astype(dtype)
+
         plgpu.barrier_arrive(bars["free"].at[slot])
         return dq, tab
 
@@ -638,6 +624,14 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
     dq, tab = lax.fori_loop(lo, own_hi, step, init)
     lax.fori_loop(own_hi, hi, drain, 0)
+    if cfg.has_rel:  # window tiles these rows skip (causal, segments) read as zeros
+
+        def zero(j, c):
+            band(j)[...] = ops.layout(jnp.zeros((ROWS, bk), dtype), plgpu.Layout.WGMMA)
+            return c
+
+        lax.fori_loop(j0, jnp.minimum(lo, j0 + nwin), zero, 0)
+        lax.fori_loop(jnp.maximum(jnp.maximum(own_hi, lo), j0), j0 + nwin, zero, 0)
     dq = dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq
     r["dq"].at[b, rows, h][...] = dq.astype(r["dq"].dtype)
     if cfg.has_rel:  # this warpgroup's partial sums: row 2i + wg of [B, H, 2 nq, NBp]
@@ -668,8 +662,8 @@ def _dq_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
 
 
 def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
-    """(dQ `[B, Lq_pad, H, Dp]` in q's dtype, the table gradient's partial sums
-    `[B, H, 2 nq, NBp]` f32 or None), as `_flash_triton.backward`'s."""
+    """(dQ `[B, Lq_pad, H, Dp]` in q's dtype, the table gradient `[H, NBp]` f32 or None), as
+    `_flash_triton.backward`'s."""
     ops = Ops(cfg.interpret)
     args = {"q": q, "k": k, "do": do, "lse": lse, "delta": delta}
     if ops.interpret:
@@ -679,15 +673,19 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
         args["v"] = v
     if cfg.has_rel:
         args["relband"] = gpu_inputs.rel_band(cfg, side["tab"])
-        args["bucketstarts"] = gpu_inputs.bucket_run_starts(cfg)
     args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
     outs = {"dq": jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])}
     if cfg.has_rel:
         outs["dtab"] = jax.ShapeDtypeStruct(
             (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
+        outs["dsband"] = jax.ShapeDtypeStruct(
+            (q.shape[0], cfg.num_heads, cfg.nq, cfg.block_q,
+             gpu_inputs.near_window(cfg) * cfg.block_k), q.dtype)
     res = _launch(cfg, ops, args, outs, "q", "bwd_dq", _k_range, _dq_consumer, _dq_sources,
                   _dq_scratch)
-    return res[0], (gpu_inputs.bucket_sums(cfg, res[1]) if cfg.has_rel else None)
+    if not cfg.has_rel:
+        return res[0], None
+    return res[0], (res[1].sum(axis=(0, 2)) + gpu_inputs.near_window_bucket_sums(cfg, res[2]))
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):

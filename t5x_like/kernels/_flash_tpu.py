@@ -321,7 +321,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
-    """Same outputs as `_flash_triton.backward` (dq, per-q-head dk/dv, dtab partials, dbias).
+    """Same outputs as `_flash_triton.backward` (dq, per-q-head dk/dv, dtab [H, NBp], dbias).
 
     Runs with the backward blocks (`cfg.for_backward()`); `lse` [B, H, 1, Lq_pad] from `forward`.
     """
@@ -356,6 +356,6 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
                 out_specs=tuple(spec for _, spec in outs.values()),
                 name="t5x_like_flash_bwd_dq_tpu")
     res = dict(zip(outs, res, strict=True))
-    dtab = res["dtab"][:, :, :, 0, :] if cfg.has_rel else None
+    dtab = res["dtab"].sum(axis=(0, 2, 3)) if cfg.has_rel else None
     return (_to_head_major(res["dq"]), _to_head_major(dk), _to_head_major(dv), dtab,
             res.get("dbias"))

@@ -10,8 +10,9 @@ a q head is chosen in the BlockSpec index map (`h // group`), so GQA/MQA never r
 
 All array arguments are already padded by `flash.py`: lengths to block multiples, head_dim to a
 power of two, the bucket table to `[H, num_buckets_pad]`. The table is turned into a bias band
-(`gpu_inputs.rel_band`) so the k loop loads the T5 bias instead of looping over buckets, and
-into the bucket runs' first offsets (`gpu_inputs.bucket_run_starts`) for its gradient.
+(`gpu_inputs.rel_band`) so the k loop loads the T5 bias instead of looping over buckets; its
+gradient comes from dS tiles near the diagonal, which the dQ kernel stores
+(`gpu_inputs.near_window`), and the sums of the tiles beyond them.
 The backward kernels run with the `bwd_*` blocks of `FlashConfig`.
 """
 
@@ -70,23 +71,14 @@ def _only(names: list[str], *drop: str) -> list[str]:
     return [n for n in names if n not in drop]
 
 
-def _fwd_unit(cfg: FlashConfig) -> float:
-    """The forward's logit unit: base 2 (log2 e), but base e with a T5 table and a prefix mask:
-    with the table the base-2 forward uses all 255 registers on sm_90 at head_dim 64 (its band
-    loads become pipelined), and with the prefix flags too it spilled."""
-    return 1.0 if cfg.has_rel and cfg.has_prefix else LOG2E
-
-
-def _gpu_side(cfg: FlashConfig, side: dict, names: list[str],
-              unit: float) -> tuple[dict, list[str]]:
+def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, list[str]]:
     """Side inputs as the GPU kernels take them: the bucket table becomes the bias band (in the
-    kernel's logit `unit`) and the bucket runs' first offsets, segment ids add per-block loop
-    bounds."""
+    scores' units, divided by sm_scale: `common.logits_tile` adds it before scaling), segment
+    ids add per-block loop bounds."""
     side = dict(side)
     if cfg.has_rel:
-        side["relband"] = gpu_inputs.rel_band(cfg, side.pop("tab"), unit=unit)
-        side["bucketstarts"] = gpu_inputs.bucket_run_starts(cfg)
-        names = [n for n in names if n != "tab"] + ["relband", "bucketstarts"]
+        side["relband"] = gpu_inputs.rel_band(cfg, side.pop("tab"), unit=1.0 / cfg.sm_scale)
+        names = [n for n in names if n != "tab"] + ["relband"]
     if cfg.has_seg:
         side.update(gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"]))
         names = names + ["klo", "khi", "qlo", "qhi"]
@@ -99,38 +91,22 @@ def _rel_tile(cfg: FlashConfig, r: dict, q0, k0) -> jax.Array:
     return r["relband"][:, pl.ds(start, cfg.block_k)]
 
 
-def _rel_grad_tile(cfg: FlashConfig, starts: jax.Array, t: list[jax.Array], ds: jax.Array,
-                   off: jax.Array, q0, k0, acc: jax.Array) -> jax.Array:
-    """`acc` [bq, num_buckets_pad] plus this tile's C(t_i): per query row, the sum of dS over
-    the tile's offsets r = k - q >= t_i, in column i for each bucket run i.
+def _far_tile_sums(cfg: FlashConfig, ds: jax.Array, q0, k0, in_window: jax.Array,
+                   far: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """`far` (left, right) [bq] plus this tile's row sums of dS when the tile is outside its q
+    block's window (`gpu_inputs.near_window`): such a tile lies beyond max_distance on one side
+    of the diagonal, all in that side's outermost bucket (left: offsets k - q below
+    -max_distance; right: above it). Tiles in the window, which bucket boundaries cross, are
+    stored instead and summed by offset after the kernel. Deterministic, no atomics."""
+    rmin, _ = common.tile_offset_range(cfg.block_q, cfg.block_k, q0, k0)
 
-    Along the offset axis the buckets come in runs (`common.bucket_order`; run i starts at
-    offset t_i = `starts[i]`, `gpu_inputs.bucket_run_starts`), so run i's sums are
-    C(t_i) - C(t_i+1), taken once after the kernel (`gpu_inputs.bucket_sums`). Per tile, every
-    threshold at or below the tile's offsets [rmin, rmax] (scalar corner math) gets the whole
-    row sum in one vector update, and only thresholds inside the tile cost a masked row sum (a
-    compare, a select and an add per element, one column update): a tile farther than
-    max_distance from the diagonal pays one row sum. The offsets `off` [bq, bk] come from the
-    index vectors, in dS's layout, so no bucket-id tile is loaded or converted between layouts
-    (a converted mask per bucket cost 298 PTX instructions against 136 a threshold now).
-    Deterministic, no atomics.
-    """
-    rmin, rmax = common.tile_offset_range(cfg.block_q, cfg.block_k, q0, k0)
-    ids = jnp.arange(cfg.num_buckets_pad, dtype=jnp.int32)[None, :]
-    acc = acc + jnp.where(starts[None, :] <= rmin, jnp.sum(ds, axis=1)[:, None], 0.0)
+    def add(lr):
+        left, right = lr
+        row = jnp.sum(ds, axis=1)
+        is_right = rmin > cfg.rel_max_distance
+        return jnp.where(is_right, left, left + row), jnp.where(is_right, right + row, right)
 
-    def inside(acc):
-        for i in range(1, len(t)):
-
-            def add(a, i=i):
-                c = jnp.sum(jnp.where(off >= t[i], ds, 0.0), axis=1)
-                return a + jnp.where(ids == i, c[:, None], 0.0)
-
-            acc = jax.lax.cond(jnp.logical_and(rmin < t[i], t[i] <= rmax), add, lambda a: a, acc)
-        return acc
-
-    near = jnp.logical_and(rmin < t[-1], t[1] <= rmax)  # some threshold inside the tile
-    return jax.lax.cond(near, inside, lambda a: a, acc)
+    return jax.lax.cond(in_window, lambda lr: lr, add, far)  # no row sums for stored tiles
 
 
 def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
@@ -153,7 +129,6 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
     if cfg.has_rel:
         width = gpu_inputs.offset_row_width(cfg)
         specs["relband"] = pl.BlockSpec((None, bq, width), lambda b, h, i: (h, 0, 0))
-        specs["bucketstarts"] = pl.BlockSpec((cfg.num_buckets_pad,), lambda b, h, i: (0,))
     if cfg.has_bias:  # [bq, Lk] rows or [Lq, bk] columns; batch / head 0 when broadcast
         bb, bh = cfg.bias_batch > 1, cfg.bias_heads > 1
         specs["bias"] = pl.BlockSpec(
@@ -190,19 +165,17 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     q0 = pl.program_id(2) * cfg.block_q
     q = r["q"][...]
     q_idx, qseg, pq, lo, hi = _q_loop_state(cfg, r, q0)
-    unit = _fwd_unit(cfg)
-    exp, log = (jnp.exp2, jnp.log2) if unit != 1.0 else (jnp.exp, jnp.log)
 
     def body(j, carry):
         m, denom, acc = carry
         _, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         rel = _rel_tile(cfg, r, q0, j * cfg.block_k) if cfg.has_rel else None
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                                  bias, rel, unit=unit)
+                                  bias, rel, unit=LOG2E)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == common.NEG_INF, 0.0, m_new)
-        alpha = exp(m - m_safe)
-        p = exp(s - m_safe[:, None])
+        alpha = jnp.exp2(m - m_safe)
+        p = jnp.exp2(s - m_safe[:, None])
         denom_new = denom * alpha + jnp.sum(p, axis=1)
         acc_new = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
         return m_new, denom_new, acc_new
@@ -213,7 +186,7 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
     m, denom, acc = jax.lax.fori_loop(lo, hi, body, init)
     empty = denom == 0.0  # fully-masked rows: output 0, lse 0 (finite: the backward stays finite)
     r["o"][...] = (acc / jnp.where(empty, 1.0, denom)[:, None]).astype(r["o"].dtype)
-    r["lse"][...] = jnp.where(empty, 0.0, (m + log(jnp.where(empty, 1.0, denom))) / unit)
+    r["lse"][...] = jnp.where(empty, 0.0, (m + jnp.log2(jnp.where(empty, 1.0, denom))) / LOG2E)
 
 
 def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
@@ -231,10 +204,10 @@ def _main_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
 
 def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array]:
     """o [B, Lq_pad, H, Dp] (q.dtype), lse [B, H, Lq_pad] f32."""
-    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + common.side_names(cfg), _fwd_unit(cfg))
+    side, names = _gpu_side(cfg, side, ["q", "k", "v"] + common.side_names(cfg))
     specs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     return _call(
-        cfg, _fwd_kernel, "fwd", _only(names, "bucketstarts", "qlo", "qhi"),
+        cfg, _fwd_kernel, "fwd", _only(names, "qlo", "qhi"),
         {"q": q, "k": k, "v": v, **side}, specs, name="t5x_like_flash_fwd",
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((q.shape[0], cfg.num_heads, cfg.lq_pad), jnp.float32)),
@@ -300,8 +273,20 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
 
         jax.lax.fori_loop(0, cfg.nk, zero, 0)
 
+    if cfg.has_rel:  # the window of k blocks whose dS tiles are stored (near the diagonal)
+        nwin = gpu_inputs.near_window(cfg)
+        j0 = gpu_inputs.near_first_block(cfg, q0)
+
+        def zero_band(j, c):  # window tiles the loop skips (causal, segments) read as zeros
+            r["dsband"][:, pl.ds((j - j0) * cfg.block_k, cfg.block_k)] = jnp.zeros(
+                (cfg.block_q, cfg.block_k), r["dsband"].dtype)
+            return c
+
+        jax.lax.fori_loop(j0, jnp.minimum(lo, j0 + nwin), zero_band, 0)
+        jax.lax.fori_loop(jnp.maximum(jnp.maximum(hi, lo), j0), j0 + nwin, zero_band, 0)
+
     def body(j, carry):
-        dq, dtab = carry
+        dq, far = carry
         ks, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         k0 = j * cfg.block_k
         rel = _rel_tile(cfg, r, q0, k0) if cfg.has_rel else None
@@ -309,35 +294,39 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
                                   bias, rel, unit=LOG2E)
         p = jnp.exp2(s - lse2[:, None])
         ds = p * (dot(do, v, tb=True) - delta[:, None])
-        dq = dq + dot(ds.astype(k.dtype), k)
+        ds_in = ds.astype(k.dtype)
+        dq = dq + dot(ds_in, k)
         if cfg.has_rel:
-            off = k_idx[None, :] - q_idx[:, None]
-            dtab = _rel_grad_tile(cfg, starts, t, ds, off, q0, k0, dtab)
+            in_window = jnp.logical_and(j0 <= j, j < j0 + nwin)
+            far = _far_tile_sums(cfg, ds, q0, k0, in_window, far)
+
+            @pl.when(in_window)
+            def _():
+                r["dsband"][:, pl.ds((j - j0) * cfg.block_k, cfg.block_k)] = ds_in
+
         if cfg.has_bias:
             r["dbias"][:, ks] = ds
-        return dq, dtab
+        return dq, far
 
-    if cfg.has_rel:  # the bucket runs' first offsets: a vector and its scalars, read once
-        starts = r["bucketstarts"][...]
-        t = [r["bucketstarts"][i] for i in range(len(common.bucket_order(cfg)))]
-    init = (jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32),
-            jnp.zeros((cfg.block_q, cfg.num_buckets_pad), jnp.float32))
-    dq, dtab = jax.lax.fori_loop(lo, hi, body, init)
+    zero_rows = jnp.zeros((cfg.block_q,), jnp.float32)
+    init = (jnp.zeros((cfg.block_q, cfg.head_dim_pad), jnp.float32), (zero_rows, zero_rows))
+    dq, (left, right) = jax.lax.fori_loop(lo, hi, body, init)
     r["dq"][...] = (dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq).astype(r["dq"].dtype)
-    if cfg.has_rel:
-        r["dtab"][...] = jnp.sum(dtab, axis=0)  # per run; `gpu_inputs.bucket_sums` after the call
+    if cfg.has_rel:  # per row; `gpu_inputs.window_table_gradient` sums them after the call
+        r["dfar"][0, :] = left
+        r["dfar"][1, :] = right
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     """Returns (dq [B,Lq_pad,H,Dp], dk/dv per q head [B,Lk_pad,H,Dp] (`common.grad_dtypes`),
-    dtab partials [B,H,nq,NBp] f32 | None, dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
+    dtab [H, NBp] f32 | None, dbias [B,H,Lq_pad,Lk_pad] f32 | None)."""
     cfg = cfg.for_backward()
     batch, heads, d = q.shape[0], cfg.num_heads, cfg.head_dim_pad
     delta = gpu_inputs.delta_of(o, do)
     side, names = _gpu_side(cfg, side, ["q", "k", "v", "do", "lse", "delta"]
-                            + common.side_names(cfg), LOG2E)
+                            + common.side_names(cfg))
     args = {"q": q, "k": k, "v": v, "do": do, "lse": lse, "delta": delta, **side}
-    dkdv_names = _only(names, "bucketstarts", "klo", "khi")
+    dkdv_names = _only(names, "klo", "khi")
     names = _only(names, "qlo", "qhi")
 
     dq_dtype, dkdv_dtype = common.grad_dtypes(cfg, q.dtype)
@@ -351,9 +340,12 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
     qspecs = {**_main_specs(cfg, True), **_row_specs(cfg, True)}
     outs = {"dq": (jax.ShapeDtypeStruct((batch, cfg.lq_pad, heads, d), dq_dtype), qspecs["q"])}
     if cfg.has_rel:
-        outs["dtab"] = (
-            jax.ShapeDtypeStruct((batch, heads, cfg.nq, cfg.num_buckets_pad), jnp.float32),
-            pl.BlockSpec((None, None, None, cfg.num_buckets_pad), lambda b, h, i: (b, h, i, 0)))
+        outs["dfar"] = (
+            jax.ShapeDtypeStruct((batch, heads, cfg.nq, 2, cfg.block_q), jnp.float32),
+            pl.BlockSpec((None, None, None, 2, cfg.block_q), lambda b, h, i: (b, h, i, 0, 0)))
+        band = (cfg.block_q, gpu_inputs.near_window(cfg) * cfg.block_k)
+        outs["dsband"] = (jax.ShapeDtypeStruct((batch, heads, cfg.nq, *band), k.dtype),
+                          pl.BlockSpec((None, None, None, *band), lambda b, h, i: (b, h, i, 0, 0)))
     if cfg.has_bias:
         outs["dbias"] = (
             jax.ShapeDtypeStruct((batch, heads, cfg.lq_pad, cfg.lk_pad), jnp.float32),
@@ -362,5 +354,6 @@ def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
                 out_shape=tuple(shape for shape, _ in outs.values()),
                 out_specs=tuple(spec for _, spec in outs.values()), name="t5x_like_flash_bwd_dq")
     res = dict(zip(outs, res, strict=True))
-    dtab = gpu_inputs.bucket_sums(cfg, res["dtab"]) if cfg.has_rel else None
+    dtab = gpu_inputs.window_table_gradient(cfg, res["dsband"], res["dfar"]) if cfg.has_rel \
+        else None
     return res["dq"], dk, dv, dtab, res.get("dbias")

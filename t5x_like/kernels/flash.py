@@ -20,22 +20,24 @@ blocks come from `GPU_BLOCKS` (per compute capability, head_dim, forward / backw
 
 Memory is O(length): the kernels keep only `[block_q, block_k]` tiles, and the residuals are q, k,
 v, o and the per-row logsumexp `[B, H, Lq]`. The only `[.., Lq, Lk]` arrays are the ones the
-caller brings: a dense `bias` and its gradient.
+caller brings: a dense `bias` and its gradient. The GPU backward with a T5 table also writes dS
+near the diagonal, `[B, H, Lq, W]` in the inputs' dtype with W about 2 max_distance + 3 blocks
+(all of Lk at T5's lengths of 512 and below), transient, for the table gradient.
 
 Bias-gradient design. The T5 table gradient is `d_table[n, h] = sum over (b, q, k) with
-bucket(k - q) = n of dS[b, h, q, k]`. The dQ kernel (one program per (b, h, q block), looping over
-k blocks) already holds every dS tile of its row block, so it reduces each tile and writes the
+bucket(k - q) = n of dS[b, h, q, k]`. The TPU dQ kernel (one program per (b, h, q block), looping
+over k blocks) already holds every dS tile of its row block, so it reduces each tile and writes the
 result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside gives
-`[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. The
-GPU kernels reduce by thresholds: along the offset axis the buckets form runs
-(`_flash_common.bucket_order`, first offsets from `_flash_gpu_inputs.bucket_run_starts`), so a
-tile adds, per run start t, the row sums of dS over its offsets >= t: the whole row sum for
-every t at or below the tile (one vector update), a masked row sum only for a t inside it; runs
-are differences of neighbours, taken once after the kernel (`bucket_sums`). A tile beyond
-`max_distance` from the diagonal pays one row sum, and the offsets come from index vectors in
-dS's layout. The previous per-bucket masked sums of a loaded bucket-id tile cost Triton a layout
-conversion through shared memory per bucket: 298 PTX instructions a bucket against 136 a
-threshold now (sm_90, d=64; `benchmarks/flash_instructions.md`). The tile's bias is a block
+`[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. On
+GPUs a bucket boundary can only cross tiles within about max_distance of the diagonal, a window
+of about (2 max_distance + block_q) / block_k k blocks per q block
+(`_flash_gpu_inputs.near_window`); a tile beyond it lies wholly in its side's outermost bucket.
+The GPU dQ kernels (Triton, Hopper) store the window's dS tiles (already in the inputs' dtype
+for their dS·K product), which XLA sums over the batch, then by offset, then by bucket
+(O(B·H·Lq·max_distance) memory, linear in length), and add a tile beyond the window to its
+side's row sums. The Triton kernel's loop is 379 PTX instructions a tile at length 512 against
+1,854 with the masked row sum per bucket run the kernel took before, and 294 without a table
+(sm_90, d=64; `benchmarks/flash_instructions.md`). The tile's bias is a block
 load from a precomputed band (`_flash_gpu_inputs.rel_band`; 1.28x faster T5 fwd+bwd at length
 4096 on an H100 than per-tile bucket math, `benchmarks/h100/`). The
 dense-bias gradient is dS itself, written tile by tile by the same kernel (and summed outside
@@ -48,6 +50,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Iterator
 
@@ -308,6 +311,8 @@ def flash_attention(
     """
     _validate(q, k, v, causal, q_segment_ids, kv_segment_ids, prefix_mask, rel_bias, bias,
               backend)
+    if not (math.isfinite(sm_scale) and sm_scale != 0):  # the GPU bias band is bias / sm_scale
+        raise ValueError(f"sm_scale must be finite and nonzero, got {sm_scale}")
     if rel_bias is not None and bias is not None:
         # No kernel carries both (with both, the dQ or dK/dV kernel spilled registers on sm_80
         # and sm_90): the caller already pays O(Lq·Lk) for `bias`, so the table joins it as a
@@ -426,7 +431,7 @@ def _flash_core_bwd(cfg: FlashConfig, res, do):
     dside = {}
     for name, x in side.items():
         if name == "tab":
-            dside[name] = dtab.sum(axis=(0, 2)).astype(x.dtype)
+            dside[name] = dtab.astype(x.dtype)
         elif name == "bias":
             g = dbias
             if cfg.bias_batch == 1:

@@ -94,6 +94,37 @@ $L__BB0_3:
         gpu.ptx_blocks(ptx, "missing")
 
 
+def test_ptx_loop_holds_the_blocks_a_loop_branches_over() -> None:
+    ptx = """.visible .entry k(
+)
+{
+	mov.u32 	%r1, 0;
+$L__BB0_1:
+	add.s32 	%r1, %r1, 1;
+	@%p1 bra 	$L__BB0_2;
+	st.global.b32 	[%rd1], %r1;
+$L__BB0_2:
+	setp.lt.s32 	%p2, %r1, 8;
+	@%p2 bra 	$L__BB0_1;
+	ret;
+}
+"""
+    # add, branch | store | setp, back branch: one loop of 5 in three blocks (the forward
+    # branch is no loop).
+    loop = gpu.ptx_loop(ptx, "k")
+    assert [(name, len(lines)) for name, lines in loop] == [
+        ("$L__BB0_1", 2), ("$L__BB0_1+", 1), ("$L__BB0_2", 2)]
+    assert loop[1][1] == ["st.global.b32 \t[%rd1], %r1;"]
+    assert gpu.ptx_loop(ptx.replace("@%p2 bra \t$L__BB0_1;", "ret;"), "k") == []
+    # Two back edges (the store's path jumps back to the latch, the other path falls into it):
+    # one loop holding both paths.
+    two = ptx.replace("\tst.global.b32 \t[%rd1], %r1;\n",
+                      "\tst.global.b32 \t[%rd1], %r1;\n\tbra.uni \t$L__BB0_1;\n")
+    assert [len(lines) for _, lines in gpu.ptx_loop(two, "k")] == [2, 2, 2]
+    with pytest.raises(ValueError, match="no kernel 'missing'"):
+        gpu.ptx_loop(ptx, "missing")
+
+
 def test_occupancy_limits() -> None:
     h100 = gpu.gpu_target("h100")
     # 255 regs x 128 threads -> 32,768 regs per block: 2 blocks by registers.

@@ -42,6 +42,7 @@ class Case:
     prefix: bool = False
     rel: str = "none"  # none | bidirectional | causal
     bias: tuple[int, int] | None = None  # (B|1, H|1) of a dense bias
+    max_distance: int = 24  # the T5 table's
     sm_scale: float = 1.0
     backend: str = "triton"
 
@@ -55,6 +56,10 @@ CASES = [
          rel="causal", sm_scale=0.125),
     Case("packed_cross_bias_bf16", dtype="bfloat16", lq=33, lk=29, hkv=2, segments="cross",
          bias=(1, 4)),
+    # max_distance 16 with 128 tokens in 16-blocks: tiles far from the diagonal (a row sum) and
+    # near it (stored dS tiles) on both sides, windows moved back from the last k block.
+    Case("rel_far_tiles_packed_bf16", dtype="bfloat16", b=2, lq=128, lk=128, h=2, hkv=2, d=32,
+         segments="packed", rel="bidirectional", max_distance=16),
     Case("causal_short_q_bias_rel", lq=24, lk=40, causal=True, rel="causal", bias=(2, 1)),
     Case("tpu_prefix_packed_rel_bias", b=1, lq=35, lk=35, h=2, hkv=1, causal=True, prefix=True,
          segments="packed", rel="causal", bias=(1, 2), backend="mosaic_tpu"),
@@ -102,7 +107,8 @@ def _make(case: Case, seed: int):
     floats, ints = {}, {"causal": case.causal, "sm_scale": case.sm_scale}
     if case.rel != "none":
         floats["rel_bias"] = jnp.asarray(rnd(32, case.h), dt)
-        ints.update(rel_bidirectional=case.rel == "bidirectional", rel_max_distance=24)
+        ints.update(rel_bidirectional=case.rel == "bidirectional",
+                    rel_max_distance=case.max_distance)
     if case.bias is not None:
         floats["bias"] = jnp.asarray(rnd(*case.bias, case.lq, case.lk), dt)
     if case.segments in ("padding", "packed"):
@@ -246,6 +252,7 @@ INVALID = [
         kv_segment_ids=jnp.ones((1, 8), jnp.int32))),
     ("power of two", lambda: flash_attention(*_qkv(), block_q=24)),
     ("unknown backend", lambda: flash_attention(*_qkv(), backend="cuda")),
+    ("sm_scale must be finite and nonzero", lambda: flash_attention(*_qkv(), sm_scale=0.0)),
     ("'mosaic_gpu' cannot run this call: it takes bfloat16", lambda: flash_attention(
         *_qkv(), backend="mosaic_gpu")),
     ("'mosaic_gpu' cannot run this call: a dense bias", lambda: flash_attention(

@@ -6,7 +6,6 @@ Numerics run the Triton kernels in Pallas interpret mode on CPU against the XLA 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 
@@ -120,21 +119,76 @@ def test_rel_band_tiles_are_the_table_lookup(bidirectional: bool) -> None:
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (32, 24), (8, 16), (4, 8)])
-def test_bucket_runs_partition_the_offset_axis(bidirectional: bool, num_buckets: int,
-                                               max_distance: int) -> None:
-    """The thresholds the Triton dQ kernel sums dS by: along r = k - q, the run that holds r
-    (the last start <= r) carries exactly r's bucket, for offsets far beyond max_distance too."""
-    cfg = dataclasses.replace(_cfg(rel_bidirectional=bidirectional), num_buckets=num_buckets,
-                              rel_max_distance=max_distance)
+def test_bucket_order_follows_the_offset_axis(bidirectional: bool, num_buckets: int,
+                                              max_distance: int) -> None:
+    """Along r = k - q the buckets come in runs, in `bucket_order`'s order (a bucket no offset
+    reaches aside), from the outermost bucket on the left to the one on the right."""
+    cfg = _cfg(rel_bidirectional=bidirectional, num_buckets=num_buckets,
+               num_buckets_pad=max(num_buckets, 8), rel_max_distance=max_distance)
     order = _flash_common.bucket_order(cfg)
     assert sorted(order) == list(range(num_buckets))
-    starts = np.asarray(_flash_gpu_inputs.bucket_run_starts(cfg))
-    assert starts.shape == (cfg.num_buckets_pad,) and np.all(np.diff(starts) >= 0)
     rel = np.arange(-4 * max_distance, 4 * max_distance)
-    run = np.searchsorted(starts[:len(order)], rel, side="right") - 1
-    want = relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
-                                    num_buckets=num_buckets, max_distance=max_distance)
-    np.testing.assert_array_equal(np.asarray(order)[run], want)
+    bucket = np.asarray(relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
+                                                 num_buckets=num_buckets,
+                                                 max_distance=max_distance))
+    runs = [int(x) for i, x in enumerate(bucket) if i == 0 or x != bucket[i - 1]]
+    assert runs == [n for n in order if n in runs]
+    assert (runs[0], runs[-1]) == (order[0], order[-1])
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("lq,lk,block_q,block_k,max_distance",
+                         [(256, 256, 32, 16, 24), (96, 480, 16, 32, 40), (512, 96, 64, 32, 24),
+                          (512, 512, 128, 64, 128)])
+def test_tiles_outside_the_near_window_lie_in_one_outermost_bucket(
+        bidirectional: bool, lq: int, lk: int, block_q: int, block_k: int,
+        max_distance: int) -> None:
+    """The Triton dQ kernel adds a tile outside its q block's window to one of the two
+    outermost buckets by whole rows (`_far_tile_sums`: right of the diagonal when its least
+    offset exceeds max_distance): every offset of such a tile must be in that bucket. The window
+    stays within the k blocks and is narrower than all of them once the length exceeds about
+    2 max_distance."""
+    cfg = _cfg(rel_bidirectional=bidirectional, lq=lq, lk=lk, lq_pad=lq, lk_pad=lk,
+               block_q=block_q, block_k=block_k, bwd_block_q=block_q, bwd_block_k=block_k,
+               rel_max_distance=max_distance)
+    order = _flash_common.bucket_order(cfg)
+    nwin = _flash_gpu_inputs.near_window(cfg)
+    assert 1 <= nwin <= cfg.nk
+    if min(lq, lk) > 2 * max_distance + block_q + 2 * block_k:
+        assert nwin < cfg.nk
+    far = 0
+    for i in range(cfg.nq):
+        j0 = int(_flash_gpu_inputs.near_first_block(cfg, i * block_q))
+        assert 0 <= j0 <= cfg.nk - nwin
+        for j in set(range(cfg.nk)) - set(range(j0, j0 + nwin)):
+            q0, k0 = i * block_q, j * block_k
+            rel = np.arange(k0, k0 + block_k)[None, :] - np.arange(q0, q0 + block_q)[:, None]
+            bucket = np.asarray(relative_position_bucket(
+                jnp.asarray(rel), bidirectional=bidirectional, num_buckets=32,
+                max_distance=max_distance))
+            rmin, _ = _flash_common.tile_offset_range(block_q, block_k, q0, k0)
+            side = order[-1] if rmin > max_distance else order[0]
+            assert np.all(bucket == side), (i, j)
+            far += 1
+    assert far > 0 or nwin == cfg.nk
+
+
+def test_near_window_bucket_sums_add_each_stored_element_to_its_bucket() -> None:
+    """The window tiles' table gradient against a loop over their elements."""
+    cfg = _cfg(rel_bidirectional=True, lq=160, lk=160, lq_pad=160, lk_pad=160, block_q=32,
+               block_k=16, rel_max_distance=20)
+    nwin = _flash_gpu_inputs.near_window(cfg)
+    band = np.random.default_rng(1).standard_normal((2, 2, cfg.nq, 32, nwin * 16))
+    got = _flash_gpu_inputs.near_window_bucket_sums(cfg, jnp.asarray(band, jnp.float32))
+    want = np.zeros((2, cfg.num_buckets_pad))
+    for i in range(cfg.nq):
+        j0 = int(_flash_gpu_inputs.near_first_block(cfg, i * 32))
+        rel = j0 * 16 + np.arange(nwin * 16)[None, :] - (i * 32 + np.arange(32)[:, None])
+        bucket = np.asarray(relative_position_bucket(jnp.asarray(rel), bidirectional=True,
+                                                     num_buckets=32, max_distance=20))
+        for h in range(2):
+            np.add.at(want[h], bucket, band[:, h, i].sum(axis=0))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [True, False])
