@@ -58,7 +58,7 @@ CASES = [
          bias=(1, 4)),
     # max_distance 16 with 128 tokens in 16-blocks: tiles far from the diagonal (a row sum) and
     # near it (stored dS tiles) on both sides, windows moved back from the last k block.
-    Case("rel_far_tiles_packed_bf16", dtype="bfloat16", b=2, lq=128, lk=128, h=2, hkv=2, d=32,
+    Case("rel_far_tiles_packed_bf16", dtype="bfloat16", b=1, lq=128, lk=128, h=2, hkv=2, d=32,
          segments="packed", rel="bidirectional", max_distance=16),
     Case("causal_short_q_bias_rel", lq=24, lk=40, causal=True, rel="causal", bias=(2, 1)),
     Case("tpu_prefix_packed_rel_bias", b=1, lq=35, lk=35, h=2, hkv=1, causal=True, prefix=True,
