@@ -328,6 +328,7 @@ def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], 
              else _ptxas_report(ptxas_path(), tgt, name, ptx, dump_dir))
         k.update(thunks.get(name, {}))
         k.update(ptx_features(ptx))
+        k["loop_instructions"] = loop_instructions(ptx, name)
         k["mma"] = "wgmma" if k["wgmma"] else ("mma.sync" if k["mma_sync"] else "-")
         if "registers" in k and "threads" in k:
             smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
@@ -368,6 +369,7 @@ def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dic
                 ptxas, ptx, passes = f.read(), g.read(), h.read()
             for name, info in parse_ptxas_verbose(ptxas).items():
                 info.update(ptx_features(ptx))
+                info["loop_instructions"] = loop_instructions(ptx, name)
                 info["mma"] = "wgmma" if info["wgmma"] else "-"
                 info["mbarrier"] = len(re.findall(r"\bmbarrier\.", ptx))
                 info["setmaxnreg"] = len(re.findall(r"\bsetmaxnreg\.", ptx))
@@ -460,6 +462,16 @@ def ptx_loop(ptx: str, kernel: str) -> list[tuple[str, list[str]]]:
         return []
     start, end = max(merged, key=lambda se: sum(len(b[1]) for b in blocks[se[0]:se[1] + 1]))
     return blocks[start:end + 1]
+
+
+def loop_instructions(ptx: str, kernel: str) -> int:
+    """Static PTX instructions of one iteration of a kernel's largest loop, every path's blocks
+    counted (`ptx_loop`); 0 when it has no loop or is not in this PTX. What one k tile costs a
+    flash kernel to issue, once its tensor-core work overlaps the rest."""
+    try:
+        return sum(len(lines) for _, lines in ptx_loop(ptx, kernel))
+    except ValueError:
+        return 0
 
 
 def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str) -> dict:

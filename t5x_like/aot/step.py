@@ -473,7 +473,8 @@ def format_report(report: Mapping[str, Any]) -> str:
             lines.append(f"{name} kernel {kname}: {k.get('registers', '?')} registers, spills "
                          f"{k.get('spill_store_bytes', '?')}/{k.get('spill_load_bytes', '?')} "
                          f"B (store/load), smem {smem} B, {k.get('blocks_per_sm', '?')} "
-                         f"blocks/SM, cp.async {k.get('cp_async', 0)}, TMA {k.get('tma', 0)}")
+                         f"blocks/SM, cp.async {k.get('cp_async', 0)}, TMA {k.get('tma', 0)}, "
+                         f"loop {k.get('loop_instructions', '?')} PTX instructions")
     sug = report.get("suggestion")
     if sug:
         lines.append(f"would fit (planner, x{report.get('calibration', 1.0):.2f} calibrated): "

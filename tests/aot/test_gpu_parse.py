@@ -172,8 +172,9 @@ def test_a_compile_log_with_ptxas_reports_spares_running_ptxas(tmp_path) -> None
     """With `XLA_PTXAS_LOG_ENV` XLA logs its own ptxas -v: `report_from_dump` reads it (here
     there is no ptxas to run) and falls back to running ptxas for a kernel the log lacks."""
     (tmp_path / "module_0001.jit_loss.ptx").write_text(
-        ".visible .entry t5x_like_flash_fwd(\n cp.async.cg.shared.global [a], [b], 16;\n"
-        "wgmma.mma_async.sync\n}\n.visible .entry t5x_like_flash_bwd_dq(\n}\n")
+        ".visible .entry t5x_like_flash_fwd(\n$L__BB0_1:\n cp.async.cg.shared.global [a], [b], 16;\n"
+        "wgmma.mma_async.sync\n@%p1 bra \t$L__BB0_1;\n}\n"
+        ".visible .entry t5x_like_flash_bwd_dq(\n}\n")
     (tmp_path / "module_0001.jit_loss.thunk_sequence.txt").write_text(THUNKS)
     xla_log = "".join(  # glog's prefix on the first line of each ptxas run, as XLA logs it
         f"I1127 10:11:25.752621    4741 subprocess_compilation.cc:356] {part}"
@@ -183,6 +184,7 @@ def test_a_compile_log_with_ptxas_reports_spares_running_ptxas(tmp_path) -> None
     assert fwd["registers"] == 255 and fwd["spill_store_bytes"] == 220
     assert fwd["threads"] == 128 and fwd["cp_async"] == 1 and fwd["mma"] == "wgmma"
     assert fwd["limited_by"] == "registers"
+    assert fwd["loop_instructions"] == 3  # the k loop: a load, a product, the branch back
     try:
         gpu.ptxas_path()
     except RuntimeError:  # no ptxas here (the test venv): the fallback is what fails
