@@ -172,7 +172,8 @@ def test_a_compile_log_with_ptxas_reports_spares_running_ptxas(tmp_path) -> None
     """With `XLA_PTXAS_LOG_ENV` XLA logs its own ptxas -v: `report_from_dump` reads it (here
     there is no ptxas to run) and falls back to running ptxas for a kernel the log lacks."""
     (tmp_path / "module_0001.jit_loss.ptx").write_text(
-        ".visible .entry t5x_like_flash_fwd(\n$L__BB0_1:\n cp.async.cg.shared.global [a], [b], 16;\n"
+        ".visible .entry t5x_like_flash_fwd(\n$L__BB0_1:\n"
+        " cp.async.cg.shared.global [a], [b], 16;\n"
         "wgmma.mma_async.sync\n@%p1 bra \t$L__BB0_1;\n}\n"
         ".visible .entry t5x_like_flash_bwd_dq(\n}\n")
     (tmp_path / "module_0001.jit_loss.thunk_sequence.txt").write_text(THUNKS)
