@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hlo_out", default=None, metavar="PREFIX",
                    help="write each step's optimised HLO to PREFIX.<step>.hlo.txt.gz (read by "
                         "t5x_like.aot.roofline)")
+    p.add_argument("--segments_per_row", type=flags.positive_int, default=1,
+                   help="packed examples per row the flash kernels' latency model assumes "
+                        "(H100 'pallas' steps; 1: no segment skipped, the slowest)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
@@ -136,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
         report = step.run_report(target, STEPS[args.step], gin_files=args.gin_file,
                                  bindings=bindings, with_plan=not args.no_plan, log=log,
-                                 compiler_options=options, hlo_prefix=args.hlo_out)
+                                 compiler_options=options, hlo_prefix=args.hlo_out,
+                                 segments_per_row=args.segments_per_row)
     except (ValueError, gin_utils.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

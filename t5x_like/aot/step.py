@@ -257,11 +257,13 @@ _OOM = re.compile(r"(ran out of memory|exceeds available|resource.?exhausted|out
 
 def compile_step(run: Run, target: Target, which: str, out: Callable[[str], None],
                  compiler_options: Mapping[str, Any] | None = None,
-                 hlo_out: str | None = None) -> dict[str, Any]:
+                 hlo_out: str | None = None, segments_per_row: int = 1) -> dict[str, Any]:
     """Lower + compile one step; returns its report (see `compiled_report`), or the compiler's
     error with `compiled: False` (and `fits: False` when the error is an out-of-memory).
     `compiler_options`: XLA debug options for this compile (`{'xla_gpu_...': 'false'}`);
-    `hlo_out`: write the optimised HLO text there (gzipped), e.g. for `t5x_like.aot.roofline`."""
+    `hlo_out`: write the optimised HLO text there (gzipped), e.g. for `t5x_like.aot.roofline`;
+    `segments_per_row`: the packed layout the flash kernels' latency model assumes
+    (`aot.flash_time`; 1: no segment skips, the slowest)."""
     t0 = time.monotonic()
     try:
         with kernel_target(target):
@@ -320,6 +322,14 @@ def compile_step(run: Run, target: Target, which: str, out: Callable[[str], None
 
             report["kernels"] = gpu.report_from_dump(dump, target.arch,
                                                      kernel_filter=lambda name: "flash" in name)
+            if report.get("step_model"):  # our kernels' time from their code, not their FLOPs
+                from t5x_like.aot import flash_time
+
+                kernels = flash_time.step_kernels(text, dump, report["kernels"], target.arch,
+                                                  segments_per_row)
+                if kernels:
+                    report["flash_model"] = flash_time.step_summary(
+                        kernels, report["step_model"], segments_per_row)
     return report
 
 
@@ -468,6 +478,10 @@ def format_report(report: Mapping[str, Any]) -> str:
         if s.get("step_model"):
             lines.append(f"{name} {roofline.format_model(s['step_model'])} (predicted, per "
                          "device)")
+        if s.get("flash_model"):
+            from t5x_like.aot import flash_time
+
+            lines.append(f"{name} {flash_time.format_summary(s['flash_model'])}")
         for kname, k in (s.get("kernels") or {}).items():
             smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
             lines.append(f"{name} kernel {kname}: {k.get('registers', '?')} registers, spills "
@@ -488,9 +502,10 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
                bindings: Sequence[str] = (), with_plan: bool = True,
                log: Callable[[str], None] | None = None,
                compiler_options: Mapping[str, str] | None = None,
-               hlo_prefix: str | None = None) -> dict[str, Any]:
+               hlo_prefix: str | None = None, segments_per_row: int = 1) -> dict[str, Any]:
     """Everything `python -m t5x_like.aot` reports for an already-parsed gin config
-    (`hlo_prefix`: also write each step's optimised HLO to `<prefix>.<step>.hlo.txt.gz`)."""
+    (`hlo_prefix`: also write each step's optimised HLO to `<prefix>.<step>.hlo.txt.gz`;
+    `segments_per_row`: see `compile_step`)."""
     import jax
 
     from t5x_like.train import partitioning
@@ -523,7 +538,8 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
     }
     for which in steps:
         hlo_out = f"{hlo_prefix}.{which}.hlo.txt.gz" if hlo_prefix else None
-        report["steps"][which] = compile_step(run, target, which, out, compiler_options, hlo_out)
+        report["steps"][which] = compile_step(run, target, which, out, compiler_options, hlo_out,
+                                              segments_per_row)
     train = report["steps"].get("train")
     if with_plan:
         t0 = time.monotonic()

@@ -1,0 +1,127 @@
+"""The flash kernels' latency model: loop trips from the kernels' own bounds, the HLO-to-kernel map
+of an XLA dump, the fit, and the committed constants against the loan's data."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from t5x_like.aot import flash_time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("kind,causal,lq,lk,bq,bk,segments,trips", [
+    ("fwd", False, 512, 512, 128, 128, 1, 4),  # every k block
+    ("dq", False, 512, 512, 128, 64, 2, 4),  # two segments: half of the 8 k blocks
+    ("dkdv", False, 512, 512, 128, 64, 2, 2),  # half of the 4 q blocks
+    ("dq", False, 128, 512, 128, 64, 2, 8),  # a q block holding both segments sees all keys
+    ("fwd", True, 512, 512, 128, 128, 1, 2.5),  # causal: 1, 2, 3, 4 k blocks
+    ("dkdv", True, 512, 512, 128, 128, 1, 2.5),  # causal: 4, 3, 2, 1 q blocks
+    ("dq", True, 128, 128, 128, 64, 2, 2),  # the diagonal block reaches both k blocks
+])
+def test_loop_trips_follow_the_kernels_bounds(kind, causal, lq, lk, bq, bk, segments,
+                                              trips) -> None:
+    assert flash_time.loop_trips(kind, causal, lq, lk, bq, bk, segments) == trips
+
+
+def test_loop_trips_need_whole_blocks() -> None:
+    with pytest.raises(ValueError, match="not whole"):
+        flash_time.loop_trips("fwd", False, 500, 512, 128, 128)
+
+
+def test_fit_recovers_the_constants_it_was_made_with() -> None:
+    truth = {"cycles_per_cta": 5000.0, "issue_multiple": 3.0}
+    kernels = [flash_time.FlashKernel("k", "fwd", "s", calls=12, ctas=ctas, trips=trips,
+                                      loop_instructions=loop, warps=8)
+               for ctas, trips, loop in ((1536, 1, 900), (6144, 2, 700), (12288, 1, 500))]
+    fitted = flash_time.fit(kernels, [k.ms(truth) for k in kernels])
+    assert fitted == pytest.approx(truth, rel=1e-6)
+    waves, issue = kernels[0].features()
+    assert waves == pytest.approx(12 * 1536 / 132)
+    assert issue == pytest.approx(waves * 900 * 8 / 4)
+
+
+def _pallas_call(name: str, layer: int) -> str:
+    """One layer's forward flash call as XLA:GPU prints it (grid (2, 4, 4), 8 warps)."""
+    return (f'  %{name} = (bf16[2,512,4,64]{{3,2,1,0}}, f32[2,4,512]{{2,1,0}}) '
+            'custom-call(%p0, %p0, %p0, %p1, %p1), custom_call_target="__gpu$xla.gpu.triton", '
+            'metadata={op_name="jit(step)/jvp(EncoderDecoder)/encoder/'
+            f'layers_{layer}/attention/t5x_like_flash_fwd/pallas_call"}}, backend_config='
+            '{debug = false, grid_x = 2 : i32, grid_y = 4 : i32, grid_z = 4 : i32, '
+            'name = "t5x_like_flash_fwd", num_stages = 2 : i32, num_warps = 8 : i32}\n')
+
+
+_HLO = ("HloModule jit_step\n\n"
+        "ENTRY %main (p0: bf16[2,512,4,64], p1: s32[2,512]) -> bf16[2,512,4,64] {\n"
+        "  %p0 = bf16[2,512,4,64]{3,2,1,0} parameter(0)\n"
+        "  %p1 = s32[2,512]{1,0} parameter(1)\n"
+        + _pallas_call("pallas_call.7", 0) + _pallas_call("pallas_call.9", 1)
+        + "  %loop_add_fusion = bf16[2,512,4,64]{3,2,1,0} add(%p0, %p0)\n"
+        "  ROOT %gte = bf16[2,512,4,64]{3,2,1,0} get-tuple-element(%pallas_call.9), index=0\n"
+        "}\n")
+_SEQUENCE = "".join(
+    f"{i:03d}: kCustomKernel   [source           | next=00{i + 1} (1)    ] {kernel} grid: "
+    f"{grid} threads: [{threads}, 1, 1]  shared_memory: 0 bytes\n"
+    for i, kernel, grid, threads in ((1, "loop_add_fusion", "[8, 1, 1]", 128),
+                                     (2, "t5x_like_flash_fwd__1", "[2, 4, 4]", 256),
+                                     (3, "t5x_like_flash_fwd__1", "[2, 4, 4]", 256)))
+_METADATA = "".join(
+    f'thunk_metadata {{\n  thunk_info {{\n    profile_annotation: "{op}"\n    thunk_id: {i}\n'
+    f'  }}\n  thunk_kind: "kCustomKernel"\n}}\n'
+    for i, op in ((1, "loop_add_fusion"), (2, "pallas_call.7"), (3, "pallas_call.9")))
+
+
+def test_step_kernels_read_an_xla_dump(tmp_path) -> None:
+    (tmp_path / "module_0001.jit_step.thunk_sequence.txt").write_text(_SEQUENCE)
+    (tmp_path / "module_0001.jit_step.thunk_metadata.txt").write_text(_METADATA)
+    assert flash_time.hlo_kernel_names(str(tmp_path)) == {
+        "loop_add_fusion": "loop_add_fusion", "pallas_call.7": "t5x_like_flash_fwd__1",
+        "pallas_call.9": "t5x_like_flash_fwd__1"}
+    report = {"t5x_like_flash_fwd__1": {"loop_instructions": 800, "threads": 256}}
+    (k,) = flash_time.step_kernels(_HLO, str(tmp_path), report, "sm_90", segments=2)
+    # two layers' calls of one kernel at one site; q blocks of 512 / 4, k blocks of sm_90's
+    # forward default (128): two of the four k blocks share a segment with each q block
+    assert (k.kernel, k.kind, k.calls, k.ctas, k.trips, k.loop_instructions, k.warps) == (
+        "t5x_like_flash_fwd__1", "fwd", 2, 32, 2, 800, 8)
+    assert k.site.endswith("encoder/layers_*/attention")
+    model = {"predicted_ms": 10.0, "by_kind_ms": {"attention": 1.0},
+             "model_flops": 1e12, "device": {"peak_bf16_flops": 1e15}}
+    summary = flash_time.step_summary([k], model, 2)
+    assert summary["predicted_ms"] == pytest.approx(9.0 + k.ms())
+    assert summary["mfu"] == pytest.approx(1e12 / (summary["predicted_ms"] / 1e3) / 1e15)
+    assert "fwd__1" in flash_time.format_summary(summary)
+
+
+def test_the_committed_constants_are_the_fit_on_the_loan() -> None:
+    """`H100_FIT` is what `scripts/bench_flash_step_model.py` fits on the committed data."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_flash_step_model", ROOT / "scripts" / "bench_flash_step_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    loan = json.loads((ROOT / "benchmarks/h100/loan_flash_kernels.json").read_text())
+    profile = json.loads((ROOT / "benchmarks/h100/gpu_step.json").read_text())
+    measured = {k["kernel"]: k["ms_per_step"]
+                for k in profile["profiles"]["base:128:pallas"]["profile"]["top"]}
+    kernels = [flash_time.FlashKernel(**k) for k in loan["kernels"]]
+    assert len(kernels) == 9 and all(k.kernel in measured for k in kernels)
+    fitted = [k for k in kernels if bench.in_fit(k)]
+    assert len(fitted) == 7  # the two T5-table dQ kernels are out
+    fit = flash_time.fit(fitted, [measured[k.kernel] for k in fitted])
+    assert fit == pytest.approx(flash_time.H100_FIT, rel=2e-3)
+
+
+def test_the_committed_report_is_its_json_rendered() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_flash_step_model", ROOT / "scripts" / "bench_flash_step_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = json.loads((ROOT / "benchmarks/flash_step_model.json").read_text())
+    assert (ROOT / "benchmarks/flash_step_model.md").read_text() == bench.markdown(result)
+    assert result["fit"] == pytest.approx(flash_time.H100_FIT, rel=2e-3)
