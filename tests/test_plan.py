@@ -220,6 +220,34 @@ def test_hopper_flash_kernels_plan_like_the_triton_ones() -> None:
     assert all(hopper[p] == pytest.approx(triton[p], rel=0.01) for p in triton), (hopper, triton)
 
 
+def test_tpu_layouts_keep_the_flash_kernels_operands_at_128_lanes() -> None:
+    """On TPUs a Pallas flash kernel's q, k, v and o keep the custom call's layout, head_dim
+    minor: XLA:TPU stores them as they are, not recomputed from their projections, padded to
+    128 lanes (T5-base on v5e-16: 12 MiB bf16[8,512,12,64] buffers, six per layer live at the
+    peak). One layer per stack: the encoder's four, the decoder's four and cross-attention's
+    four operands, each at least doubled; XLA attention is unaffected."""
+    base = {**TINY, "head_dim": 64, "dtype": "bfloat16"}
+    lengths = {"inputs": 128, "targets": 128}
+    operand = 8 * 128 * 4 * 64 * 2  # [batch, length, heads, head_dim] bf16
+
+    def acts(cfg: TransformerConfig, lanes: int) -> dict[str, float]:
+        return activations.activation_bytes(cfg, per_device_batch=8, sequence_length=lengths,
+                                            lanes=lanes)
+
+    xla = TransformerConfig(**base)
+    assert acts(xla, 128) == acts(xla, 0)
+    pallas = TransformerConfig(**base, attention_impl="pallas")
+    padded, plain = acts(pallas, 128), acts(pallas, 0)
+    extra = (padded["none"] - plain["none"]) / operand
+    assert 12 <= extra < 24, extra
+    assert all(padded[p] > plain[p] for p in REMAT_POLICIES)
+    cfg = {"batch_size": 64, "sequence_length": lengths, "mesh_shape": (1, 1, 1)}
+    tpu, gpu = (plan.plan(pallas, platform=p, **cfg) for p in ("tpu", "gpu"))
+    assert tpu["bytes_per_device"]["temp"]["none"] > gpu["bytes_per_device"]["temp"]["none"]
+    with pytest.raises(ValueError, match="platform"):
+        plan.plan(pallas, platform="cpu", **cfg)
+
+
 def test_remat_policies_order_and_adafactor_is_smaller_than_adamw() -> None:
     # Adafactor factors dimensions >= 128 only, hence d_model 128 here.
     cfg = TransformerConfig(**{**TINY, "num_encoder_layers": 4, "num_decoder_layers": 4,

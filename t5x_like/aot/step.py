@@ -360,14 +360,15 @@ def compiled_report(compiled: Any, hbm_bytes: int | None) -> dict[str, Any]:
 # ---- the planner beside the compiler -----------------------------------------------------------
 
 
-def planner_estimate(run: Run, hbm_bytes: int | None) -> dict[str, Any]:
-    """`t5x_like.plan.plan` for the same config, mesh, preset, optimizer and microbatches."""
+def planner_estimate(run: Run, hbm_bytes: int | None, tpu: bool = True) -> dict[str, Any]:
+    """`t5x_like.plan.plan` for the same config, mesh, preset, optimizer and microbatches
+    (`tpu`: the target's layouts pad Pallas kernel operands to 128 lanes)."""
     from t5x_like import plan
 
     result = plan.plan(run.config, batch_size=run.batch_size, sequence_length=run.sequence_length,
                        mesh_shape=tuple(run.mesh.shape.values()), preset=run.preset,
                        optimizer=run.optimizer, num_microbatches=run.num_microbatches,
-                       packed=run.pack,
+                       packed=run.pack, platform="tpu" if tpu else "gpu",
                        device_memory_gb=None if hbm_bytes is None else hbm_bytes / GIB)
     remat = result["remat"]
     return {
@@ -413,7 +414,7 @@ def suggest_fit(run: Run, target: Target, planner_over_compiler: float | None = 
                            sequence_length=run.sequence_length,
                            device_memory_gb=target.hbm_bytes / GIB * scale,
                            optimizer=run.optimizer, devices_per_host=target.devices_per_host,
-                           headroom=headroom)
+                           headroom=headroom, platform="tpu" if target.platform == "tpu" else "gpu")
     if found is None:
         return None
     return {**{k: found[k] for k in ("sharding", "remat", "num_microbatches", "per_device_batch")},
@@ -543,7 +544,7 @@ def run_report(target: Target, steps: Sequence[str] = ("train",), *, gin_files: 
     train = report["steps"].get("train")
     if with_plan:
         t0 = time.monotonic()
-        report["plan"] = planner_estimate(run, target.hbm_bytes)
+        report["plan"] = planner_estimate(run, target.hbm_bytes, target.platform == "tpu")
         out(f"[aot] planner estimate in {time.monotonic() - t0:.1f} s")
         if train and train.get("compiled"):
             report["plan_over_compiler"] = compare(run, report["plan"], train)

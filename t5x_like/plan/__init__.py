@@ -15,7 +15,10 @@ remat=...)`` computes, per device and without allocating anything:
   dtype (the layer being computed and the next one being gathered);
 - activations: the residuals ``jax.vjp`` of the loss saves per ``remat_policy``
   (``activations``): those XLA:TPU / XLA:GPU keep after fusion, or with ``compiler='cpu'``
-  every one (2.5x XLA:TPU's total for T5-base on v5e-16);
+  every one (2.5x XLA:TPU's total for T5-base on v5e-16); on TPUs (``platform='tpu'``) the
+  Pallas flash kernels' `[batch, length, heads, head_dim]` residuals at their padded size
+  (a custom call's operands keep XLA:TPU's default layout, head_dim minor, padded to 128
+  lanes: 2x at head_dim 64);
 - FLOPs per step: ``model.flops_per_sequence`` x batch, plus what each remat policy recomputes.
 
 On an accelerator the temporaries are scaled by ``HEAP_OVERHEAD`` (allocator fragmentation);
@@ -50,6 +53,8 @@ from t5x_like.train.optimizers import Optimizer, create_optimizer
 GIB = 1024**3
 #: ``plan``'s ``compiler``: XLA:TPU / XLA:GPU after fusion, or XLA:CPU (every residual kept).
 COMPILERS = ("accelerator", "cpu")
+#: ``plan``'s ``platform``: where layouts pad a Pallas kernel's operands ('tpu') or not.
+PLATFORMS = ("tpu", "gpu")
 #: XLA:TPU's heap over its buffers' live peak (buffer-assignment dumps, T5-small on v5e-16:
 #: 1.06 data parallel, 1.09 FSDP): the planner's accelerator temp is scaled by it.
 HEAP_OVERHEAD = 1.08
@@ -96,16 +101,19 @@ def plan(config: TransformerConfig, *, batch_size: int, sequence_length: Mapping
          mesh_shape: Sequence[int], preset: str = "fsdp", optimizer: str | Optimizer = "adafactor",
          remat: str | None = None, num_microbatches: int = 1, num_devices: int | None = None,
          device_memory_gb: float | None = None, packed: bool = True,
-         compiler: str = "accelerator") -> dict[str, Any]:
+         compiler: str = "accelerator", platform: str = "tpu") -> dict[str, Any]:
     """Per-device memory (bytes) and FLOPs of one training step; see the module docstring.
 
     ``mesh_shape``: ``(data, fsdp, model)``, one -1 allowed with ``num_devices``. ``remat``: the
     policy of ``total_bytes`` (default ``config.remat_policy``; every policy is reported).
     ``optimizer``: 'adafactor' / 'adamw' (``create_optimizer``, so gin bindings such as
-    ``adafactor.factored`` apply) or an Optimizer. ``compiler``: one of ``COMPILERS``.
+    ``adafactor.factored`` apply) or an Optimizer. ``compiler``: one of ``COMPILERS``;
+    ``platform``: one of ``PLATFORMS`` (TPU layouts pad the flash kernels' residuals).
     """
     if compiler not in COMPILERS:
         raise ValueError(f"compiler={compiler!r}; choose one of {COMPILERS}")
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform={platform!r}; choose one of {PLATFORMS}")
     _check_counts(batch_size=batch_size, num_microbatches=num_microbatches,
                   sequence_length=sequence_length, device_memory_gb=device_memory_gb)
     shape = _mesh(mesh_shape, num_devices)
@@ -122,6 +130,7 @@ def plan(config: TransformerConfig, *, batch_size: int, sequence_length: Mapping
         config, per_device_batch=per_device_batch, sequence_length=sequence_length,
         model_axis=tp_axis, param_ratio=state["params"] / max(whole["params"], 1),
         packed=packed, fused=compiler != "cpu",
+        lanes=128 if platform == "tpu" and compiler != "cpu" else 0,
         gathered=shape[1] > 1 and tp_axis == 1 and fsdp_split)  # pure FSDP
     gathered = (gathered_weight_bytes(params, config.activation_dtype, tp_axis)
                 if state["params"] < whole["params"] else 0.0)  # none when unsharded
@@ -232,10 +241,11 @@ def preset_mesh(preset: str, num_devices: int, devices_per_host: int = 8,
 def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
               sequence_length: Mapping[str, int], device_memory_gb: float,
               optimizer: str = "adafactor", devices_per_host: int = 8,
-              headroom: float = 0.9) -> dict[str, Any] | None:
+              headroom: float = 0.9, platform: str = "tpu") -> dict[str, Any] | None:
     """The first plan that fits ``headroom`` x memory, trying the cheapest communication first:
     data_parallel, fsdp, fsdp_tp; per preset no remat, 'minimal', 'full', then doubling the
-    microbatches. Its ``sharding`` key names the ``gin/sharding`` file. None if nothing fits."""
+    microbatches. Its ``sharding`` key names the ``gin/sharding`` file. None if nothing fits.
+    ``platform``: as for ``plan``."""
     _check_counts(batch_size=batch_size, sequence_length=sequence_length,
                   device_memory_gb=device_memory_gb)
     if num_devices < 1 or devices_per_host < 1:
@@ -247,7 +257,8 @@ def recommend(config: TransformerConfig, *, num_devices: int, batch_size: int,
         while batch_size % (shape[0] * shape[1] * mb) == 0:  # batch shards x microbatches
             result = plan(config, batch_size=batch_size, sequence_length=sequence_length,
                           mesh_shape=shape, preset=preset, optimizer=optimizer,
-                          num_microbatches=mb, device_memory_gb=device_memory_gb)
+                          num_microbatches=mb, device_memory_gb=device_memory_gb,
+                          platform=platform)
             for policy in ("none", "minimal", "full"):
                 if result["bytes_per_device"]["total"][policy] <= headroom * device_memory_gb * GIB:
                     result.update(remat=policy, sharding=name, fits=True,
@@ -354,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--num_devices and --device_memory_gb)")
     p.add_argument("--compiler", default="accelerator", choices=COMPILERS,
                    help="activation model: XLA:TPU/GPU fusion (default) or XLA:CPU")
+    p.add_argument("--platform", default="tpu", choices=PLATFORMS,
+                   help="tpu: Pallas kernels' head_dim operands padded to 128 lanes")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -382,7 +395,8 @@ def _plan_from_flags(args: argparse.Namespace, config: TransformerConfig) -> dic
     result = plan(config, batch_size=args.batch_size, sequence_length=args.sequence_length,
                   mesh_shape=mesh, preset=preset, optimizer=args.optimizer, remat=args.remat,
                   num_microbatches=args.num_microbatches or gin_value("train.num_microbatches", 1),
-                  num_devices=n, device_memory_gb=args.device_memory_gb, compiler=args.compiler)
+                  num_devices=n, device_memory_gb=args.device_memory_gb, compiler=args.compiler,
+                  platform=args.platform)
     if result["fits"] is False:  # name the cheapest change that would fit
         found = _recommend_from_flags(args, config, result["num_devices"])
         keys = ("sharding", "remat", "num_microbatches", "total_bytes", "gin_flags")

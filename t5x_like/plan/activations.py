@@ -70,15 +70,29 @@ def _kernel_trace_target(config: TransformerConfig) -> contextlib.AbstractContex
 
 @functools.lru_cache(maxsize=256)
 def _residuals(config: TransformerConfig, sequence_length: tuple[tuple[str, int], ...],
-               packed: bool, fused: str = "", gathered: bool = False) -> tuple[Any, ...]:
+               packed: bool, fused: str = "", gathered: bool = False,
+               kernel_operands: bool = False) -> tuple[Any, ...]:
     """Avals of what ``jax.vjp`` of the loss keeps for the backward pass (`_saved_jaxpr`);
     ``fused``: what is left after elementwise fusion under that plan (``_FUSION_PLANS``);
-    ``gathered``: the weights reach the step through an FSDP all-gather."""
+    ``gathered``: the weights reach the step through an FSDP all-gather; ``kernel_operands``:
+    the flash kernels' q, k, v and o (`is_kernel_operand`) are stored as they are, not
+    recomputed from their projections (XLA:TPU keeps a custom call's operands in its layout)."""
     jaxpr, out, num_params = _saved_jaxpr(config, sequence_length, packed)
     if fused:
         weights = jaxpr.invars[:num_params] if gathered else ()
-        out = _FUSION_PLANS[fused](jaxpr, out, {id(w) for w in weights})
+        kept = [v for v in out if kernel_operands and is_kernel_operand(v.aval, config)]
+        rest = [v for v in out if not any(v is k for k in kept)]
+        out = kept + _FUSION_PLANS[fused](jaxpr, rest, {id(w) for w in weights})
     return tuple(v.aval for v in out)
+
+
+def is_kernel_operand(aval: Any, config: TransformerConfig) -> bool:
+    """A flash kernel's `[batch, length, heads, head_dim]` residual (q, k, v or o) of a trace
+    of ``config`` with Pallas attention."""
+    shape = getattr(aval, "shape", ())
+    return (config.attention_impl == "pallas" and len(shape) == 4
+            and shape[0] == _TRACE_BATCH and shape[2] in (config.num_heads, config.kv_heads)
+            and shape[3] >= config.head_dim)
 
 
 #: Primitives XLA fuses into their consumers (elementwise, broadcasts, layout changes): a
@@ -201,7 +215,8 @@ def boxed_params(config: TransformerConfig, features: tuple[str, ...]) -> Any:
 def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
                      sequence_length: Mapping[str, int], model_axis: int = 1,
                      param_ratio: float = 1.0, packed: bool = True,
-                     fused: bool = True, gathered: bool = False) -> dict[str, float]:
+                     fused: bool = True, gathered: bool = False,
+                     lanes: int = 0) -> dict[str, float]:
     """Saved-activation bytes per device for every remat policy, ``{policy: bytes}`` (traces
     cached per config; see the module docstring).
 
@@ -210,7 +225,9 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
     what XLA:TPU keeps after elementwise fusion (the cheaper of the ``_FUSION_PLANS``), not
     every residual (XLA:CPU). ``gathered``: the weights are split over ``fsdp`` with no ``model``
     axis (pure FSDP; with a ``model`` axis too, XLA:TPU recomputes the chains that read them
-    all the same: T5 fsdp_tp on v5e-16).
+    all the same: T5 fsdp_tp on v5e-16). ``lanes``: with Pallas attention, the flash kernels'
+    `[batch, length, heads, head_dim]` residuals count with head_dim padded to that many lanes
+    (XLA:TPU: 128; its layout of a custom call's operand keeps head_dim minor; 0: unpadded).
     """
     # Dimensions the TP rules shard; an `embed`-sized one never counts (activation_embed is
     # replicated). When heads x head_dim == emb_dim (T5: 12 x 64 = 768) the two are told apart
@@ -231,8 +248,12 @@ def activation_bytes(config: TransformerConfig, *, per_device_batch: int,
         cfg = trace_config.with_layer_stacks(depths).replace(remat_policy=policy,
                                                              scan_layers=False)
         total = 0.0
-        for a in _residuals(cfg, lengths, packed, plan_name, gathered and bool(plan_name)):
+        for a in _residuals(cfg, lengths, packed, plan_name, gathered and bool(plan_name),
+                            lanes > 0):
             nbytes = math.prod(true_size.get(d, d) for d in a.shape) * jnp.dtype(a.dtype).itemsize
+            minor = true_size.get(a.shape[-1], a.shape[-1]) if a.shape else 0
+            if lanes and is_kernel_operand(a, cfg) and minor < lanes:
+                nbytes *= lanes / minor  # a flash kernel's q, k, v or o in TPU lanes
             if len(a.shape) >= 2 and a.shape[0] == _TRACE_BATCH:
                 split = next((true_size.get(d, d) for d in a.shape[1:] if d in tp_sizes), None)
                 if split:  # GSPMD pads an uneven split: each device holds ceil(d / m) of d

@@ -30,7 +30,9 @@ def test_config_ids_are_unique_and_name_model_sharding_target() -> None:
 
 def test_cached_configs_are_skipped_and_rendered(tmp_path) -> None:
     b = _bench()
-    cfg = b.CONFIGS[1]
+    # a TPU config no other id contains (`--only` matches substrings)
+    cfg = next(c for c in b.CONFIGS if c.target == "v5e-16"
+               and sum(c.id in o.id for o in b.CONFIGS) == 1)
     report = {"target": {"name": cfg.target, "num_devices": 16, "device_kind": "TPU v5 lite",
                          "hbm_bytes": 16 * 2**30, "platform": "tpu"},
               "config": {"mesh": {"data": 16, "fsdp": 1, "model": 1}, "batch_size": 128,
