@@ -4,17 +4,17 @@ what it predicts for the current kernels in T5.1.1-base's 'pallas' step (predict
     JAX_PLATFORMS=cpu .venv-aot/bin/python scripts/bench_flash_step_model.py
 
 1. Fit: the loan's per-kernel profile (`benchmarks/h100/gpu_step.json`, jax 0.11.2) against the
-   kernels of the code that loan ran, compiled here deviceless
-   (`benchmarks/h100/loan_flash_kernels.json`); each kernel left out of the fit in turn; the
+   kernels of the code that loan ran, compiled here deviceless (kept in the output's `loan`
+   section, read back from there); each kernel left out of the fit in turn; the
    loan's Pallas step predicted from its own HLO (`benchmarks/h100/raw/gpu_step_hlo.tar`)
    against its measured kernel time.
 2. Now: the current step compiled deviceless for the H100 (`python -m t5x_like.aot`, about 4
    minutes on 2 cores; `--aot_json FILE` reuses such a report) on the loan's batch layout (two
    packed segments per row), each kernel and the step predicted.
 
-Writes `benchmarks/flash_step_model.{json,md}`. `--loan_worktree DIR` first rebuilds
-`loan_flash_kernels.json` from a checkout of the loan's code (`git worktree add DIR b896e18`):
-its own `t5x_like.aot` compiles its step, keeping XLA's dump.
+Writes `benchmarks/flash_step_model.{json,md}`. `--loan_worktree DIR` first rebuilds the loan's
+kernels from a checkout of its code (`git worktree add DIR b896e18`): its own `t5x_like.aot`
+compiles its step, keeping XLA's dump.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def build(loan: dict, profile: dict, now: dict) -> dict:
         same = by_kernel.get(row["kernel"])
         if same and same["site"] == row["site"]:
             row.update(now_loop_instructions=same["loop_instructions"], now_ms=same["ms"])
-    return {"fit": fit, "loan": {k: loan[k] for k in loan if k != "kernels"},
+    return {"fit": fit, "loan": loan,
             "loan_step": loan_step, "kernels": rows, "now": summary}
 
 
@@ -198,20 +198,18 @@ def short(site: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--loan_worktree", default=None,
-                   help="a checkout of the loan's code: rebuild loan_flash_kernels.json first")
+                   help="a checkout of the loan's code: rebuild the loan's kernels first")
     p.add_argument("--aot_json", default=None,
                    help="a `python -m t5x_like.aot --segments_per_row=2 --json_out` report of "
                         "the step to reuse instead of compiling it")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "flash_step_model"))
     args = p.parse_args()
-    loan_path = LOAN / "loan_flash_kernels.json"
-    if args.loan_worktree:
-        loan_path.write_text(json.dumps(loan_kernels_from(args.loan_worktree), indent=1) + "\n")
-    loan = json.loads(loan_path.read_text())
+    out = pathlib.Path(args.out)
+    loan = (loan_kernels_from(args.loan_worktree) if args.loan_worktree
+            else json.loads(out.with_suffix(".json").read_text())["loan"])
     profile = json.loads((LOAN / "gpu_step.json").read_text())
     result = build(loan, profile["profiles"]["base:128:pallas"]["profile"],
                    current_step(args.aot_json))
-    out = pathlib.Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

@@ -18,7 +18,7 @@ compiler emitted and the grid it launches:
 
 The two constants are fitted by least squares on the second H100 loan's per-kernel profile
 (`benchmarks/h100/gpu_step.json`, jax 0.11.2) against the kernels of the code that loan ran,
-compiled here deviceless (`benchmarks/h100/loan_flash_kernels.json`); the T5 dQ kernels are left
+compiled here deviceless (`benchmarks/flash_step_model.json`, "loan"); the T5 dQ kernels are left
 out of the fit, since their loop then branched per bucket and its static count is not what ran.
 `scripts/bench_flash_step_model.py` refits, reports each kernel leave-one-out and predicts the
 current kernels (`benchmarks/flash_step_model.md`).
