@@ -12,9 +12,12 @@ what it predicts for the current kernels in T5.1.1-base's 'pallas' step (predict
    minutes on 2 cores; `--aot_json FILE` reuses such a report) on the loan's batch layout (two
    packed segments per row), each kernel and the step predicted.
 
-Writes `benchmarks/flash_step_model.{json,md}`. `--loan_worktree DIR` first rebuilds the loan's
-kernels from a checkout of its code (`git worktree add DIR b896e18`): its own `t5x_like.aot`
-compiles its step, keeping XLA's dump.
+Writes `benchmarks/flash_step_model.{json,md}`. The fit reads only the committed report's `loan`
+section (the loan's kernels, their measured times, its step's roofline), so a later loan's
+reports do not move it. `--loan_worktree DIR` rebuilds that section from a checkout of the
+loan's code (`git worktree add DIR b896e18`: its own `t5x_like.aot` compiles its step, keeping
+XLA's dump) and the loan's `gpu_step.json` and HLO. `--check_profile FILE`: a later loan's
+`gpu_step.json`; each current kernel's prediction against its `base:128:pallas` profile.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 from t5x_like.aot import flash_time, roofline  # noqa: E402
 
 LOAN = ROOT / "benchmarks" / "h100"
+#: The committed report: its `loan` section is the fit's input unless rebuilt.
+COMMITTED = ROOT / "benchmarks" / "flash_step_model.json"
 LOAN_CODE = "b896e18"
 #: The loan's batches: two packed segments per row (`bench_train.random_batch`).
 SEGMENTS = 2
@@ -62,8 +67,13 @@ def in_fit(k: flash_time.FlashKernel) -> bool:
     return not (k.kind == "dq" and "encoder_decoder_attention" not in k.site)
 
 
-def loan_kernels_from(worktree: str) -> dict:
-    """The loan code's flash kernels: its step compiled by its own aot, the dump analysed here."""
+def loan_inputs(worktree: str, gpu_step_json: str, hlo_tar: str) -> dict:
+    """Everything the fit reads of the loan, kept in the output's `loan` section so a later
+    loan's reports (which replace gpu_step.json and its HLO) leave the fit as it was: the loan
+    code's flash kernels (its step compiled by its own aot, the dump analysed here), their
+    measured ms and the roofline model of the HLO the loan itself compiled."""
+    import jax
+
     from t5x_like.aot import gpu
 
     with tempfile.TemporaryDirectory(prefix="loan_dump_") as dump:
@@ -74,19 +84,25 @@ def loan_kernels_from(worktree: str) -> dict:
         hlo = next(pathlib.Path(dump).glob("*gpu_after_optimizations.txt")).read_text()
         report = gpu.report_from_dump(dump, "sm_90", kernel_filter=lambda n: "flash" in n)
         kernels = flash_time.step_kernels(hlo, dump, report, "sm_90", SEGMENTS)
-    import jax
-
+    loan = json.loads(pathlib.Path(gpu_step_json).read_text())
+    profile = loan["profiles"]["base:128:pallas"]["profile"]
+    with tarfile.open(hlo_tar) as tar:
+        data = tar.extractfile("hlo_base_128_pallas.txt.gz").read()
+    step = roofline.step_model(gzip.open(io.BytesIO(data), "rt").read())
     return {"code": LOAN_CODE, "jax": jax.__version__, "ptxas": gpu.ptxas_version(),
             "arch": "sm_90", "segments_per_row": SEGMENTS,
-            "kernels": [dataclasses.asdict(k) for k in kernels]}
+            "profile": f"{loan['device']}, {loan['date_utc']} UTC",
+            "kernels": [dataclasses.asdict(k) for k in kernels],
+            "measured_ms": measured_flash_ms(profile),
+            "measured_kernel_ms": profile["kernel_ms_per_step"],
+            "roofline_ms": step["predicted_ms"],
+            "roofline_attention_ms": step["by_kind_ms"].get("attention", 0.0)}
 
 
-def loan_step_model() -> dict:
-    """The roofline step model of the HLO the loan itself compiled for its Pallas step."""
-    with tarfile.open(LOAN / "raw" / "gpu_step_hlo.tar") as tar:
-        data = tar.extractfile("hlo_base_128_pallas.txt.gz").read()
-    text = gzip.open(io.BytesIO(data), "rt").read()
-    return roofline.step_model(text)
+def measured_flash_ms(profile: dict) -> dict[str, float]:
+    """{flash kernel: ms per step} of a `bench_gpu_step` profile."""
+    return {k["kernel"]: k["ms_per_step"] for k in profile["top"]
+            if k["kernel"].startswith("t5x_like_flash")}
 
 
 def current_step(aot_json: str | None) -> dict:
@@ -102,11 +118,11 @@ def current_step(aot_json: str | None) -> dict:
         return json.loads(pathlib.Path(path).read_text())["steps"]["train"]
 
 
-def build(loan: dict, profile: dict, now: dict) -> dict:
-    """Fit, leave-one-out, loan step check and the current prediction, as one result."""
+def build(loan: dict, now: dict, check: dict | None = None) -> dict:
+    """Fit, leave-one-out, loan step check and the current prediction, as one result; `check`:
+    a later loan's `base:128:pallas` profile, each current kernel's prediction against it."""
     kernels = [flash_time.FlashKernel(**k) for k in loan["kernels"]]
-    measured = {k["kernel"]: k["ms_per_step"] for k in profile["top"]
-                if k["kernel"].startswith("t5x_like_flash")}
+    measured = loan["measured_ms"]
     fitted = [k for k in kernels if in_fit(k)]
     fit = flash_time.fit(fitted, [measured[k.kernel] for k in fitted])
     rows = []
@@ -118,14 +134,12 @@ def build(loan: dict, profile: dict, now: dict) -> dict:
             rest = [o for o in fitted if o is not k]
             row["left_out_ms"] = k.ms(flash_time.fit(rest, [measured[o.kernel] for o in rest]))
         rows.append(row)
-    step = loan_step_model()
     attention = sum(k.ms(fit) for k in kernels)
-    loan_step = {"measured_kernel_ms": profile["kernel_ms_per_step"],
-                 "roofline_ms": step["predicted_ms"],
-                 "roofline_attention_ms": step["by_kind_ms"].get("attention", 0.0),
+    loan_step = {"measured_kernel_ms": loan["measured_kernel_ms"],
+                 "roofline_ms": loan["roofline_ms"],
+                 "roofline_attention_ms": loan["roofline_attention_ms"],
                  "flash_attention_ms": attention,
-                 "predicted_ms": step["predicted_ms"] - step["by_kind_ms"].get("attention", 0.0)
-                 + attention,
+                 "predicted_ms": loan["roofline_ms"] - loan["roofline_attention_ms"] + attention,
                  "measured_attention_ms": sum(measured.values())}
     summary = flash_time.step_summary(
         [flash_time.FlashKernel(**{f.name: k[f.name] for f in
@@ -136,12 +150,19 @@ def build(loan: dict, profile: dict, now: dict) -> dict:
         same = by_kernel.get(row["kernel"])
         if same and same["site"] == row["site"]:
             row.update(now_loop_instructions=same["loop_instructions"], now_ms=same["ms"])
-    return {"fit": fit, "loan": loan,
-            "loan_step": loan_step, "kernels": rows, "now": summary}
+    out = {"fit": fit, "loan": loan, "loan_step": loan_step, "kernels": rows, "now": summary}
+    if check:
+        seen = measured_flash_ms(check["profile"])
+        out["check"] = {"profile": check["name"], "kernel_ms": check["profile"][
+            "kernel_ms_per_step"], "kernels": [
+            {"kernel": k["kernel"], "site": k["site"], "predicted_ms": k["ms"],
+             "measured_ms": seen.get(k["kernel"])} for k in summary["kernels"]]}
+    return out
 
 
 def markdown(r: dict) -> str:
     fit, ls, now = r["fit"], r["loan_step"], r["now"]
+    mfu = f", MFU {100 * now['mfu']:.1f}%" if "mfu" in now else ""
     lines = [
         "# Flash kernels on the H100: a latency model, fitted on the loan (predicted)", "",
         "`scripts/bench_flash_step_model.py`, model in `t5x_like/aot/flash_time.py`. Per kernel "
@@ -182,9 +203,20 @@ def markdown(r: dict) -> str:
         f"| with this model's attention | {ls['flash_attention_ms']:.1f} | "
         f"{ls['predicted_ms']:.1f} | {ls['measured_kernel_ms'] / ls['predicted_ms']:.2f} |", "",
         "**Now** (this code, the same step compiled here for the H100, predicted, not timed): "
-        f"attention {now['attention_ms']:.1f} ms, step {now['predicted_ms']:.1f} ms of kernels, "
-        f"MFU {100 * now['mfu']:.1f}% (the roofline puts attention at "
-        f"{now['roofline_attention_ms']:.1f} ms).", ""]
+        f"attention {now['attention_ms']:.1f} ms, step {now['predicted_ms']:.1f} ms of kernels"
+        f"{mfu} (the roofline puts attention at {now['roofline_attention_ms']:.1f} ms).", ""]
+    if r.get("check"):
+        c = r["check"]
+        lines += [f"**Checked against a later loan** ({c['profile']}; {c['kernel_ms']:.1f} ms "
+                  "of kernels):", "", "| kernel | site | predicted ms | measured ms | "
+                  "measured / predicted |", "|---|---|---|---|---|"]
+        for k in c["kernels"]:
+            seen, predicted = k["measured_ms"], k["predicted_ms"]
+            cells = [k["kernel"].removeprefix("t5x_like_flash_"), short(k["site"]),
+                     f"{predicted:.2f}", f"{seen:.2f}" if seen else "-",
+                     f"{seen / predicted:.2f}" if seen else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -198,18 +230,27 @@ def short(site: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--loan_worktree", default=None,
-                   help="a checkout of the loan's code: rebuild the loan's kernels first")
+                   help="a checkout of the loan's code: rebuild the loan's inputs first (with "
+                        "--loan_profile and --loan_hlo_tar)")
+    p.add_argument("--loan_profile", default=str(LOAN / "gpu_step.json"))
+    p.add_argument("--loan_hlo_tar", default=str(LOAN / "raw" / "gpu_step_hlo.tar"))
+    p.add_argument("--check_profile", default=None,
+                   help="a later loan's gpu_step.json: each current kernel's prediction "
+                        "against its base:128:pallas profile")
     p.add_argument("--aot_json", default=None,
                    help="a `python -m t5x_like.aot --segments_per_row=2 --json_out` report of "
                         "the step to reuse instead of compiling it")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "flash_step_model"))
+    p.add_argument("--out", default=str(COMMITTED.with_suffix("")))
     args = p.parse_args()
     out = pathlib.Path(args.out)
-    loan = (loan_kernels_from(args.loan_worktree) if args.loan_worktree
-            else json.loads(out.with_suffix(".json").read_text())["loan"])
-    profile = json.loads((LOAN / "gpu_step.json").read_text())
-    result = build(loan, profile["profiles"]["base:128:pallas"]["profile"],
-                   current_step(args.aot_json))
+    loan = (loan_inputs(args.loan_worktree, args.loan_profile, args.loan_hlo_tar)
+            if args.loan_worktree else json.loads(COMMITTED.read_text())["loan"])
+    check = None
+    if args.check_profile:
+        later = json.loads(pathlib.Path(args.check_profile).read_text())
+        check = {"name": f"{later['device']}, {later['date_utc']} UTC",
+                 "profile": later["profiles"]["base:128:pallas"]["profile"]}
+    result = build(loan, current_step(args.aot_json), check)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

@@ -95,18 +95,22 @@ def test_step_kernels_read_an_xla_dump(tmp_path) -> None:
     assert "fwd__1" in flash_time.format_summary(summary)
 
 
-def test_the_committed_constants_are_the_fit_on_the_loan() -> None:
-    """`H100_FIT` is what `scripts/bench_flash_step_model.py` fits on the committed data."""
+def _bench():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "bench_flash_step_model", ROOT / "scripts" / "bench_flash_step_model.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_committed_constants_are_the_fit_on_the_loan() -> None:
+    """`H100_FIT` is what `scripts/bench_flash_step_model.py` fits on the committed data: the
+    loan's kernels and their measured times, kept in the report's `loan` section."""
+    bench = _bench()
     loan = json.loads((ROOT / "benchmarks/flash_step_model.json").read_text())["loan"]
-    profile = json.loads((ROOT / "benchmarks/h100/gpu_step.json").read_text())
-    measured = {k["kernel"]: k["ms_per_step"]
-                for k in profile["profiles"]["base:128:pallas"]["profile"]["top"]}
+    measured = loan["measured_ms"]
     kernels = [flash_time.FlashKernel(**k) for k in loan["kernels"]]
     assert len(kernels) == 9 and all(k.kernel in measured for k in kernels)
     fitted = [k for k in kernels if bench.in_fit(k)]
@@ -116,12 +120,26 @@ def test_the_committed_constants_are_the_fit_on_the_loan() -> None:
 
 
 def test_the_committed_report_is_its_json_rendered() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_flash_step_model", ROOT / "scripts" / "bench_flash_step_model.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     result = json.loads((ROOT / "benchmarks/flash_step_model.json").read_text())
     assert (ROOT / "benchmarks/flash_step_model.md").read_text() == bench.markdown(result)
     assert result["fit"] == pytest.approx(flash_time.H100_FIT, rel=2e-3)
+
+
+def test_a_later_loans_profile_checks_each_current_kernel() -> None:
+    bench = _bench()
+    result = json.loads((ROOT / "benchmarks/flash_step_model.json").read_text())
+    now = {"flash_model": {"kernels": result["now"]["kernels"]},
+           "step_model": {"predicted_ms": 100.0, "by_kind_ms": {"attention": 10.0}}}
+    check = {"name": "a later loan", "profile": {"kernel_ms_per_step": 50.0, "top": [
+        {"kernel": "t5x_like_flash_fwd", "ms_per_step": 2.0},
+        {"kernel": "nvjet_gemm", "ms_per_step": 9.0}]}}
+    out = bench.build(result["loan"], now, check)
+    assert out["fit"] == result["fit"]  # the fit reads the loan section, not the later profile
+    rows = {k["kernel"]: k for k in out["check"]["kernels"]}
+    assert len(rows) == 9 and rows["t5x_like_flash_fwd"]["measured_ms"] == 2.0
+    assert sum(k["measured_ms"] is None for k in rows.values()) == 8
+    fwd = rows["t5x_like_flash_fwd"]
+    text = bench.markdown(out)
+    assert "Checked against a later loan** (a later loan; 50.0 ms" in text
+    assert f"| {fwd['predicted_ms']:.2f} | 2.00 | {2.0 / fwd['predicted_ms']:.2f} |" in text
