@@ -496,16 +496,19 @@ def ptxas_version() -> str:
 # ---- the project's flash-attention kernels ----------------------------------------------------
 FLASH_KERNELS = ("t5x_like_flash_fwd", "t5x_like_flash_bwd_dkdv", "t5x_like_flash_bwd_dq")
 # Every combination of features the public `flash_attention` can hand a kernel: a mask (none,
-# causal, packed segments, packed prefix-LM) and a bias (none, the T5 table, dense [1, H, L, L]);
-# a table given with a dense bias reaches the kernels as one dense bias (`flash_attention`).
-_MASKS = {"full": (False, False), "causal": (True, False), "packed": (False, True),
-          "packed_prefix": (True, True)}
-# variant -> (causal, T5 table, segment ids (+ prefix mask when causal), dense bias); "rel" is
-# the encoder's (bidirectional buckets), "causal_rel" the decoder's self-attention.
+# causal, prefix-LM, each unpacked or with packed segments) and a bias (none, the T5 table,
+# dense [1, H, L, L]); a table given with a dense bias reaches the kernels as one dense bias
+# (`flash_attention`). mask -> (causal, segment ids, prefix mask).
+_MASKS = {"full": (False, False, False), "causal": (True, False, False),
+          "prefix": (True, False, True), "packed": (False, True, False),
+          "packed_causal": (True, True, False), "packed_prefix": (True, True, True)}
+# variant -> (causal, T5 table, segment ids, dense bias, prefix mask); "packed_rel" is the T5
+# encoder's self-attention in pre-training (bidirectional buckets), "packed_causal_rel" its
+# decoder's.
 FLASH_VARIANTS = {
     (bias if mask == "full" and bias else f"{mask}_{bias}".rstrip("_")):
-        (causal, bias == "rel", packed, bias == "dense")
-    for mask, (causal, packed) in _MASKS.items() for bias in ("", "rel", "dense")
+        (causal, bias == "rel", packed, bias == "dense", prefix)
+    for mask, (causal, packed, prefix) in _MASKS.items() for bias in ("", "rel", "dense")
 }
 
 
@@ -514,7 +517,7 @@ FLASH_VARIANTS = {
 MOSAIC_FLASH_KERNELS = ("t5x_like_flash_fwd_hopper_mosaic_gpu_kernel",
                         "t5x_like_flash_bwd_dkdv_hopper_mosaic_gpu_kernel",
                         "t5x_like_flash_bwd_dq_hopper_mosaic_gpu_kernel")
-MOSAIC_FLASH_VARIANTS = [v for v, (_, _, _, dense) in FLASH_VARIANTS.items() if not dense]
+MOSAIC_FLASH_VARIANTS = [v for v, (_, _, _, dense, _) in FLASH_VARIANTS.items() if not dense]
 
 
 def _flash_call(variant: str, head_dim: int, devices: list, backend: str, seq_len: int,
@@ -528,7 +531,7 @@ def _flash_call(variant: str, head_dim: int, devices: list, backend: str, seq_le
 
     if variant not in FLASH_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(FLASH_VARIANTS)}")
-    causal, rel, packed, dense = FLASH_VARIANTS[variant]
+    causal, rel, packed, dense, prefix = FLASH_VARIANTS[variant]
     spec = functools.partial(jax.ShapeDtypeStruct,
                              sharding=jax.sharding.SingleDeviceSharding(devices[0]))
     qkv = spec((batch, seq_len, heads, head_dim), jnp.bfloat16)
@@ -537,8 +540,8 @@ def _flash_call(variant: str, head_dim: int, devices: list, backend: str, seq_le
         args["rel_bias"] = spec((num_buckets, heads), jnp.float32)
     if packed:
         args["q_segment_ids"] = args["kv_segment_ids"] = spec((batch, seq_len), jnp.int32)
-        if causal:
-            args["prefix_mask"] = spec((batch, seq_len), jnp.bool_)
+    if prefix:
+        args["prefix_mask"] = spec((batch, seq_len), jnp.bool_)
     if dense:
         args["bias"] = spec((1, heads, seq_len, seq_len), jnp.bfloat16)
     names = list(args)

@@ -159,13 +159,18 @@ def test_bad_device_counts() -> None:
 
 
 def test_flash_variants_are_every_combination_the_api_reaches() -> None:
-    """(causal, T5 table, packed, dense bias): every mask with every bias, never both biases
-    (`flash_attention` folds a table given with a dense bias into it)."""
-    combos = {(c, r, p, d) for c in (False, True) for r in (False, True) for p in (False, True)
-              for d in (False, True) if not (r and d)}
+    """(causal, T5 table, packed, dense bias, prefix mask): every mask with every bias, never
+    both biases (`flash_attention` folds a table given with a dense bias into it), a prefix
+    mask only when causal (`flash_attention` refuses it otherwise); packed or not."""
+    combos = {(c, r, p, d, x) for c in (False, True) for r in (False, True)
+              for p in (False, True) for d in (False, True) for x in (False, True)
+              if not (r and d) and (c or not x)}
     assert sorted(gpu.FLASH_VARIANTS.values()) == sorted(combos)
-    assert gpu.FLASH_VARIANTS["causal_rel"] == (True, True, False, False)
-    assert gpu.FLASH_VARIANTS["rel"] == (False, True, False, False)
+    assert len(combos) == 18
+    # the T5 decoder's self-attention in pre-training: causal, packed, no prefix
+    assert gpu.FLASH_VARIANTS["packed_causal_rel"] == (True, True, True, False, False)
+    assert gpu.FLASH_VARIANTS["prefix"] == (True, False, False, False, True)
+    assert gpu.FLASH_VARIANTS["rel"] == (False, True, False, False, False)
 
 
 def test_a_compile_log_with_ptxas_reports_spares_running_ptxas(tmp_path) -> None:
