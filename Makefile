@@ -63,11 +63,18 @@ test: $(VENV)/.test-installed lint
 # Compiles every flash-attention kernel variant for sm_80, sm_86, sm_89 and sm_90 with the real
 # GPU compiler (no GPU): fails when one stops compiling, spills registers or loses its pipelined
 # loads. And the TPU kernels with libtpu for v4, v5e, v5p and v6e (fwd and fwd+bwd; plain, T5
-# table, segments; default blocks): fails when one stops compiling. `make -j2 -Otarget
-# check-kernels` runs the two at once (CI does).
+# table, segments; default blocks): fails when one stops compiling. The GPU half also compiles
+# a tiny model's 'pallas' train step for the H100 and fails without its step models (the
+# roofline and the flash kernels' latency model). `make -j2 -Otarget check-kernels` runs the two
+# at once (CI does).
 check-kernels: check-gpu-kernels check-tpu-kernels
 check-gpu-kernels: $(AOT_VENV)/.aot-installed
 	JAX_PLATFORMS=cpu $(AOT_PY) scripts/check_gpu_kernels.py
+	@# the step models of an H100 'pallas' step (roofline + the flash kernels' latency model)
+	JAX_PLATFORMS=cpu $(AOT_PY) -m t5x_like.aot --target=h100 --gin_file=gin/models/tiny.gin \
+		--gin_file=gin/runs/pretrain.gin "--gin.TransformerConfig.attention_impl='pallas'" \
+		--gin.train.batch_size=32 --no_plan --quiet > /tmp/t5x_like_aot_h100.txt
+	grep "latency model" /tmp/t5x_like_aot_h100.txt
 check-tpu-kernels: $(AOT_VENV)/.aot-installed
 	JAX_PLATFORMS=cpu $(AOT_PY) scripts/compile_tpu_kernels.py --head-dims=128 \
 		--variants=causal,causal_rel,segments
