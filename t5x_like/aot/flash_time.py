@@ -5,11 +5,12 @@ kernel runs it, so it cannot tell one build of our kernels from another (on the 
 step's attention took 4.13x that floor). This model costs each flash kernel from what the
 compiler emitted and the grid it launches:
 
-    ms per call = waves * (cycles_per_cta + issue_multiple * trips * loop * warps / 4) / clock
+    ms per step = waves * (cycles_per_cta + issue_multiple * trips * loop * warps / 4) / clock
 
-- `waves`: CTAs (the grid) over the 132 SMs. Every flash kernel of the T5 step runs one 256-thread
-  CTA per SM, so a CTA's prologue and epilogue (its first loads, its stores) overlap nothing:
-  `cycles_per_cta` is that fixed cost.
+- `waves`: the step's CTAs (calls x grid) over the 132 SMs. The T5 step's flash kernels run one
+  256-thread CTA per SM (registers or shared memory; the plain dQ fits two), so a CTA's
+  prologue and epilogue (its first loads, its stores) overlap nothing: `cycles_per_cta` is that
+  fixed cost. Occupancy is not modelled.
 - `trips`: k (or q) blocks one CTA's loop visits, from the kernel's own loop bounds
   (`segment_block_ranges`, the causal limit) on a packed layout of equal segments per row.
 - `loop`: the PTX instructions of one iteration (`gpu.loop_instructions`), issued by every warp on
