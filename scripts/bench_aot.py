@@ -203,9 +203,11 @@ def render(results: dict[str, Any]) -> str:
         temp = (_gib(b.get("temp")) if b else f"{_gib(s['oom_temp_bytes'])} (OOM message)"
                 if s.get("oom_temp_bytes") else "-")
         flops = r.get("flops", "-") if t["platform"] != "cuda" else "n/a (XLA:GPU)"
-        sm = s.get("step_model")
+        sm, fm = s.get("step_model"), s.get("flash_model")
         model = (f"{sm['predicted_ms']:.0f} ms, {100 * sm['mfu_ceiling']:.0f}%"
                  if sm and sm.get("mfu_ceiling") else "-")
+        if fm and fm.get("mfu"):  # our kernels costed by their latency model, not their FLOPs
+            model += f"; flash model {fm['predicted_ms']:.0f} ms, {100 * fm['mfu']:.0f}%"
         opts = "".join(f" `{o}`" for o in cfg.xla_options)
         if c.get("attention_impl", "xla") != "xla":
             opts += f", {c['attention_impl']} attention" + (
@@ -328,9 +330,11 @@ NOTES = """
 - **Step model (predicted, per GPU).** At the paper's batch split over 8 H100s (16 sequences
   per GPU) it gives T5-base data parallel 14-22% MFU, against 41% for the whole batch on one
   GPU: the optimizer's ~9 ms and the small GEMMs do not shrink with the per-GPU batch. Keep
-  the per-GPU batch at 128 or more on GPUs.
+  the per-GPU batch at 128 or more on GPUs. The Pallas rows add the flash kernels' latency
+  model (`aot.flash_time`, fitted on the H100 loan; one segment per row, nothing skipped):
+  our kernels costed from their code rather than their FLOPs.
 - **Planner, XLA:GPU (not calibrated).** XLA:GPU keeps more than XLA:TPU (no convert/epilogue
-  fusion into cuBLAS GEMMs): the fused estimate is 0.61-0.70x of its peak for T5-small and
+  fusion into cuBLAS GEMMs): the fused estimate is 0.61-0.76x of its peak for T5-small and
   T5-base on 8 x H100 with XLA or Pallas attention (every sharding), the every-residual one
   1.7-2.3x.
 - **Planner, Pallas attention on TPU (fixed).** With `attention_impl='pallas'` the planner
