@@ -145,7 +145,9 @@ def _row_entry(spec: SweepSpec, row: str, done: Sequence[Mapping[str, Any]], ids
         "pretrain_loss": _mean([r["pretrain"].get("final_loss") for r in done]),
         "paper_params": params, "paper_cost": cost, "parameters": first.get("parameters"),
         "flops_per_sequence": first.get("flops_per_sequence"),
+        # wall time (two cells at a time, any pauses included) and the CPU time the cell used
         "seconds_per_cell": _mean([r.get("seconds", {}).get("total") for r in done]),
+        "cpu_seconds_per_cell": _mean([r.get("cpu_seconds", {}).get("total") for r in done]),
         "cells": list(ids),
         # a control (no pre-training) is shown beside the paper's rows, not ranked with them
         "control": row in paper.CONTROL_ROWS or any(r.get("control") for r in done),

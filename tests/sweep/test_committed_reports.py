@@ -17,22 +17,25 @@ from t5x_like.sweep.__main__ import main
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
 V2 = "benchmarks/history/protocol_v2"
-#: Tables 2 + 3 as the archived runs defined them (the current files add rows those runs lack).
+#: Tables 2 + 3 as the v4 run defined them, and as the current (v5) files do: they add the
+#: full-span "Language model | LM" row and the no-pre-training control.
 T23 = ("gin/sweeps/history/v4/t5_table2_architectures.gin,"
        "gin/sweeps/history/v4/t5_table3_objectives.gin")
+T23_V5 = "gin/sweeps/t5_table2_architectures.gin,gin/sweeps/t5_table3_objectives.gin"
 T456 = ("gin/sweeps/t5_table4_bert_variants.gin,gin/sweeps/t5_table5_corruption_rates.gin,"
         "gin/sweeps/t5_table6_span_lengths.gin")
+TINY = "benchmarks/sweep_cells/tiny.jsonl.gz"
 #: archive file -> its number of cells.
-#: tiny.jsonl.gz also holds the running v5 sweep's cells so far (35 of its 45 new ones).
-ARCHIVES = {"benchmarks/sweep_cells/tiny.jsonl.gz": 71, f"{V2}/sweep_cells_tiny.jsonl.gz": 45}
+#: tiny.jsonl.gz: the v5 report's 78 cells and the 3 of v4's prefix-LM-loss "Language model | LM".
+ARCHIVES = {TINY: 81, f"{V2}/sweep_cells_tiny.jsonl.gz": 45}
 #: report prefix (`--out`) -> (scale, seeds, sweep files, archive).
 REBUILT = {
-    "benchmarks/t5_tables_tiny": ("tiny", 3, T23, "benchmarks/sweep_cells/tiny.jsonl.gz"),
+    "benchmarks/t5_tables_tiny": ("tiny", 6, T23_V5, TINY),
+    "benchmarks/history/v4/t5_tables_tiny": ("tiny", 3, T23, TINY),
     f"{V2}/t5_tables_tiny": (f"{V2}/tiny.gin", 3, T23, f"{V2}/sweep_cells_tiny.jsonl.gz"),
     f"{V2}/t5_tables_tiny_t456": (f"{V2}/tiny.gin", 1, T456, f"{V2}/sweep_cells_tiny.jsonl.gz"),
 }
 NOT_ARCHIVED = {
-    "benchmarks/history/protocol_v1/t5_tables_tiny": "run before sweeps kept an archive",
     f"{V2}/t5_tables_tiny_t3": "seeds 3-4 of two rows were not archived",
 }
 MAX_BENCHMARK_FILES = 80

@@ -40,6 +40,7 @@ def _fake_sweep(sweep_dir, scores, seeds=1, code=None, host=None, control=None,
                 "suite_average": score + seed, "tasks": {"downstream_spam": score},
                 "pretrain": {"final_loss": 3.0 + seed}, "parameters": 1000,
                 "flops_per_sequence": 2.5e6, "seconds": {"total": 60.0},
+                "cpu_seconds": {"total": 40.0 + seed},
                 **({"code": code(row, seed)} if code else {}),
                 **({"host": host(row, seed)} if host else {}),
                 **({"control": True} if control and control(row) else {}),
@@ -74,6 +75,7 @@ def test_schema_markdown_and_plots(tmp_path):
     assert row["ours_mean"] == pytest.approx(60.5)
     assert row["ours_std"] == pytest.approx(0.7071, 1e-3)
     assert row["paper"]["GLUE"] == 82.96 and row["pretrain_loss"] == pytest.approx(3.5)
+    assert row["seconds_per_cell"] == 60.0 and row["cpu_seconds_per_cell"] == 40.5  # wall, CPU
     out = tmp_path / "bench" / "t5_tables_micro"
     written = report.write(data, cells, str(tmp_path), out=str(out))
     for path in written:
