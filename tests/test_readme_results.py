@@ -16,7 +16,7 @@ from t5x_like.sweep import stats
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT = REPO / "benchmarks" / "t5_tables_tiny.json"
-WORD_ORDER = REPO / "benchmarks" / "word_order_tiny.json"
+WORD_ORDER = REPO / "benchmarks" / "word_order_tiny.json"  # its sweep report
 NUM = r"[+-]?\d+\.\d+"
 CLAIM = re.compile(
     rf'"(?P<claim>[^"]+)": (?P<verdict>reproduced|contradicted|unresolved), (?P<d>{NUM}) '
@@ -163,10 +163,20 @@ def test_every_decimal_number_in_the_results_section_is_checked(report):
         assert table["host_factor"]["testable"]
         checked.number(m, group, table["host_factor"]["p"], ".3f")
         assert table["host_factor"]["p"] >= stats.FAMILY_ALPHA  # "shifts no score detectably"
-    order = json.loads(WORD_ORDER.read_text(encoding="utf-8"))["rows"]
-    m = checked.find(r"BERT-style scores (\d+\.\d), deshuffling (\d+\.\d)")
-    checked.number(m, 1, order["table3: BERT-style"]["240"]["mean"], ".1f")
-    checked.number(m, 2, order["table3: Deshuffling"]["240"]["mean"], ".1f")
+    # the word-order rerun: its own sweep report
+    order = json.loads(WORD_ORDER.read_text(encoding="utf-8"))["tables"]["table3"]
+    task = "downstream_word_order"
+    assert order["exploratory_tasks"] == [task]
+    m = checked.find(r"\(best constant (\d+\.\d+)\), BERT-style scores (\d+\.\d+), prefix LM "
+                     r"(\d+\.\d+), deshuffling (\d+\.\d+) and the control (\d+\.\d+), "
+                     r"(\d) seeds each")
+    checked.number(m, 1, order["best_constant"][task], ".2f")
+    means = {r["row"]: r for r in order["rows"]}
+    for group, row in enumerate(("BERT-style", "Prefix LM", "Deshuffling", "No pre-training"), 2):
+        checked.number(m, group, means[row]["ours_mean"], ".2f")
+        assert means[row]["num_seeds"] == int(m[6]), row
+    checked.find(r"Only BERT-style is above chance")
+    assert order["above_constant"][task] == ["BERT-style"]
     for found in re.finditer(r"\d+\.\d+", checked.text):
         assert any(lo <= found.start() and found.end() <= hi for lo, hi in checked.spans), (
             f"unchecked number {found.group(0)!r} in README Results: "

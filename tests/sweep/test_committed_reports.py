@@ -1,7 +1,7 @@
 """The committed sweep results: each sweep's cells are one archive file under benchmarks/, and
 `python -m t5x_like.sweep --report_only --archive=...` rebuilds every committed report from
 them byte for byte (Markdown with its discussion, JSON, every PNG). A report whose cells were
-never archived is listed in `NOT_ARCHIVED` with the reason; any other `t5_tables_*.md` under
+never archived is listed in `NOT_ARCHIVED` with the reason; any other sweep report under
 benchmarks/ must be in `REBUILT`, so a new report cannot go untested."""
 
 import re
@@ -26,12 +26,15 @@ T456 = ("gin/sweeps/t5_table4_bert_variants.gin,gin/sweeps/t5_table5_corruption_
         "gin/sweeps/t5_table6_span_lengths.gin")
 TINY = "benchmarks/sweep_cells/tiny.jsonl.gz"
 #: archive file -> its number of cells.
-#: tiny.jsonl.gz: the v5 report's 78 cells and the 3 of v4's prefix-LM-loss "Language model | LM".
-ARCHIVES = {TINY: 81, f"{V2}/sweep_cells_tiny.jsonl.gz": 45}
+#: tiny.jsonl.gz: the v5 report's 78 cells, the 3 of v4's prefix-LM-loss "Language model | LM"
+#: and the word-order rerun's 12.
+ARCHIVES = {TINY: 93, f"{V2}/sweep_cells_tiny.jsonl.gz": 45}
 #: report prefix (`--out`) -> (scale, seeds, sweep files, archive).
 REBUILT = {
     "benchmarks/t5_tables_tiny": ("tiny", 6, T23_V5, TINY),
     "benchmarks/history/v4/t5_tables_tiny": ("tiny", 3, T23, TINY),
+    "benchmarks/word_order_tiny": ("tiny_word_order", 3, "gin/sweeps/word_order_objectives.gin",
+                                   TINY),
     f"{V2}/t5_tables_tiny": (f"{V2}/tiny.gin", 3, T23, f"{V2}/sweep_cells_tiny.jsonl.gz"),
     f"{V2}/t5_tables_tiny_t456": (f"{V2}/tiny.gin", 1, T456, f"{V2}/sweep_cells_tiny.jsonl.gz"),
 }
@@ -63,8 +66,9 @@ def test_benchmarks_stay_small():
 
 
 def test_every_committed_report_is_rebuilt_or_said_why_not():
-    reports = {str(p.relative_to(REPO))[:-3] for p in BENCH.rglob("t5_tables_*.md")
-               if not p.name.endswith("_discussion.md")}
+    """A sweep report is any Markdown file under benchmarks/ that the report writer titled."""
+    reports = {str(p.relative_to(REPO))[:-3] for p in BENCH.rglob("*.md")
+               if p.read_text(encoding="utf-8").startswith("# T5 paper tables at the ")}
     assert reports == set(REBUILT) | set(NOT_ARCHIVED)
 
 

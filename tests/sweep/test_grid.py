@@ -133,8 +133,8 @@ def test_the_rerun_reuses_every_unchanged_archived_cell_and_v4_names_them_all(tm
     """Tables 2 + 3 at `tiny`, 3 seeds: the full-span LM row and the control are new cells, the
     other 33 are v4's, restored with their cell.json as archived (a sweep rewrites it and
     archives it again); the v4 definitions (gin/sweeps/history/v4) name 36 archived cells, so
-    that report can be rebuilt, and every other archived cell is one of the running v5 sweep's
-    (6 seeds)."""
+    that report can be rebuilt; every other archived cell is one of the v5 sweep's (6 seeds) or
+    of the word-order rerun's, and all of them are there."""
     scale = grid.load_scale("tiny")
     records = runner.read_archive(os.path.join(grid.REPO_ROOT, ARCHIVE))
     archived = set(records)
@@ -152,7 +152,10 @@ def test_the_rerun_reuses_every_unchanged_archived_cell_and_v4_names_them_all(tm
             spec = os.path.join(runner.prepare(cell, scale, str(tmp_path)), runner.CELL_SPEC)
             assert open(spec).read() == records[cell.cell_id][runner.CELL_SPEC], cell.cell_id
     assert len(v4_ids) == 36 and v4_ids <= archived and not any(c.control for c in v4)
-    assert archived - v4_ids <= {c.cell_id for c in grid.expand(tables, scale, seeds=6)}
+    word_order = grid.expand([grid.load_sweep("gin/sweeps/word_order_objectives.gin")],
+                             grid.load_scale("tiny_word_order"), seeds=3)
+    v5 = {c.cell_id for c in grid.expand(tables, scale, seeds=6)}
+    assert archived - v4_ids == (v5 | {c.cell_id for c in word_order}) - v4_ids
 
 
 def test_corpora_and_word_order_definition_come_from_their_one_place():
