@@ -12,7 +12,8 @@ timed in `--rounds` interleaved rounds (the order rotates each round), each roun
 `--repeats` runs alternating two random input sets. Reported per implementation: fwd and fwd+bwd
 milliseconds and TFLOP/s (FLOPs 4·B·H·L²·D forward, halved when causal; backward 2.5x forward),
 the compiled fwd+bwd temp + output bytes; and per shape the speed ratio of the other
-implementations' fwd+bwd time to ours, median [min-max] over rounds (above 1: ours is faster).
+implementations' fwd+bwd time to ours (the first of `--impls`: `pallas` by default), median
+[min-max] over rounds (above 1: ours is faster).
 OOMs and unsupported shapes are recorded, not fatal. Rows are appended to `attention.jsonl` as
 they finish, so a run cut off by a time limit keeps them and `--resume` skips them.
 
@@ -68,11 +69,12 @@ def make_impl(name: str, causal: bool, length: int, sm_scale: float, interpret: 
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
             rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, block_q=blocks[0],
             block_k=blocks[1], interpret=interpret)
-    if name == "pallas_hopper":  # the Mosaic GPU kernels (128-row q blocks)
+    if name == "pallas_hopper":  # the Mosaic GPU kernels (128-row q blocks; block_k: forward's)
         return lambda q, k, v, table: flash_attention(
             q, k, v, causal=causal, rel_bias=table, rel_bidirectional=not causal,
-            rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, bwd_block_q=blocks[0],
-            bwd_block_k=blocks[1], backend="mosaic_gpu", interpret=interpret)
+            rel_max_distance=MAX_DISTANCE, sm_scale=sm_scale, block_k=blocks[1],
+            bwd_block_q=blocks[0], bwd_block_k=blocks[1], backend="mosaic_gpu",
+            interpret=interpret)
     bias = lambda table: (None if table is None
                           else dense_t5_bias(table, length, causal, jnp.bfloat16))
     if name == "cudnn":
@@ -181,6 +183,7 @@ def run_shape(impls: list[str], *, batch: int, length: int, heads: int, d: int, 
             except Exception as err:
                 rows[impl]["error"] = _error_text(err)
     flops = attention_flops(batch, heads, length, length, d, causal)
+    ours = impls[0]
     for impl, t in times.items():
         if "error" in rows[impl] or not t["fwd_bwd"]:
             continue
@@ -190,10 +193,10 @@ def run_shape(impls: list[str], *, batch: int, length: int, heads: int, d: int, 
             fwd_bwd_ms_rounds=[1e3 * x for x in t["fwd_bwd"]],
             fwd_ms_rounds=[1e3 * x for x in t["fwd"]],
             fwd_tflops=flops / t_fwd / 1e12, fwd_bwd_tflops=3.5 * flops / t_all / 1e12)
-        if impl != "pallas" and "pallas" in times and "error" not in rows["pallas"]:
-            ratios = [a / b for a, b in zip(t["fwd_bwd"], times["pallas"]["fwd_bwd"], strict=True)]
-            fwd_ratios = [a / b for a, b in zip(t["fwd"], times["pallas"]["fwd"], strict=True)]
-            rows[impl].update(
+        if impl != ours and ours in times and "error" not in rows[ours]:
+            ratios = [a / b for a, b in zip(t["fwd_bwd"], times[ours]["fwd_bwd"], strict=True)]
+            fwd_ratios = [a / b for a, b in zip(t["fwd"], times[ours]["fwd"], strict=True)]
+            rows[impl].update(ratio_to=ours,
                 speedup_fwd_bwd=statistics.median(ratios), speedup_fwd_bwd_range=[
                     min(ratios), max(ratios)], speedup_fwd=statistics.median(fwd_ratios))
     return list(rows.values())
@@ -213,7 +216,8 @@ def write_report(rows: list[dict], meta: dict, out_dir: Path) -> None:
              f"{meta['repeats']} runs (two input sets, after {meta['warmup']} warm-up runs); "
              "the table gives the median over rounds.", "",
              "TFLOP/s with FLOPs = 4·B·H·L²·D (÷2 causal), fwd+bwd = 3.5x fwd. bwd ms = fwd+bwd "
-             "− fwd. `ours ×` = that implementation's fwd+bwd time / ours in the same round, "
+             "− fwd. `ours ×` = that implementation's fwd+bwd time / ours (the first impl of "
+             "each shape) in the same round, "
              "median [min-max] (above 1: ours is faster). err = relative L2 error against "
              "float32 attention (output; worst of dq, dk, dv). Memory = compiled fwd+bwd temp + "
              "output bytes.", "",

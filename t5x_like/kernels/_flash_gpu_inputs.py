@@ -18,9 +18,11 @@ def offset_row_width(cfg: FlashConfig) -> int:
     return 1 << (cfg.lq_pad + cfg.lk_pad - 1).bit_length()
 
 
-def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0) -> jax.Array:
+def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0,
+             dtype=jnp.float32) -> jax.Array:
     """The T5 bias "band" from the padded table `[H, num_buckets_pad]`, times `unit` (1 /
-    sm_scale for the Triton kernels, which add it to the scores before scaling).
+    sm_scale for the Triton kernels, which add it to the scores before scaling), in `dtype`
+    (the Hopper kernels stream it in q's: half the bytes).
 
     Row i of a tile starting at (q0, k0) needs the biases of offsets k - q = k0 - q0 + j - i,
     a contiguous run shifted by i. The band stores those shifted runs: with column
@@ -34,10 +36,21 @@ def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0) -> jax.Array
     x = jnp.arange(width, dtype=jnp.int32)[None, :]
     rel = x - jnp.arange(cfg.block_q, dtype=jnp.int32)[:, None] - cfg.lq_pad
     bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
-    return jnp.take(table.astype(jnp.float32) * unit, bucket.reshape(cfg.block_q, width), axis=1)
+    band = jnp.take(table.astype(jnp.float32) * unit, bucket.reshape(cfg.block_q, width), axis=1)
+    return band.astype(dtype)
 
 
-def _window_reach(cfg: FlashConfig) -> int:
+def rel_far(cfg: FlashConfig, table: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """`[H, 2]` f32: each head's bias left and right of the diagonal beyond max_distance (the
+    outermost buckets, `common.bucket_order`'s first and last), rounded through `dtype` as the
+    band is: the Hopper kernels add it to tiles wholly out there instead of streaming their
+    band tiles."""
+    order = common.bucket_order(cfg)
+    far = table.astype(jnp.float32)[:, jnp.array([order[0], order[-1]])]
+    return far.astype(dtype).astype(jnp.float32)
+
+
+def window_reach(cfg: FlashConfig) -> int:
     """Beyond max_distance on each side of the diagonal the bucket is constant (T5 clips it), so
     bucket boundaries lie at offsets k - q in [-reach, reach]."""
     return cfg.rel_max_distance + 1
@@ -46,7 +59,7 @@ def _window_reach(cfg: FlashConfig) -> int:
 def _window_bounds(cfg: FlashConfig, q0: int) -> tuple[int, int]:
     """The k blocks [first, last + 1) of q block q0 whose tiles a bucket boundary can cross:
     rmin <= reach and rmax >= -reach (`common.tile_offset_range`)."""
-    reach, bk = _window_reach(cfg), cfg.block_k
+    reach, bk = window_reach(cfg), cfg.block_k
     first = max(q0 - reach, 0) // bk
     last = min((q0 + cfg.block_q - 1 + reach) // bk, cfg.nk - 1)
     return first, max(last + 1, first)
@@ -62,7 +75,7 @@ def near_window(cfg: FlashConfig) -> int:
 def near_first_block(cfg: FlashConfig, q0):
     """First k block of q block q0's window (traced in the kernels, int in XLA): its own first
     block, moved back so that the `near_window` blocks end by nk."""
-    first = jnp.maximum(q0 - _window_reach(cfg), 0) // cfg.block_k
+    first = jnp.maximum(q0 - window_reach(cfg), 0) // cfg.block_k
     return jnp.minimum(first, cfg.nk - near_window(cfg))
 
 
@@ -139,15 +152,16 @@ def delta_of(o: jax.Array, do: jax.Array) -> jax.Array:
     return jnp.einsum("blhd,blhd->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
 
 
-def rel_band_keys_as_rows(cfg: FlashConfig, table: jax.Array, rows: int) -> jax.Array:
-    """The T5 bias band with keys as rows, `[H, rows, W]` f32: band[h, i, x] =
+def rel_band_keys_as_rows(cfg: FlashConfig, table: jax.Array, rows: int,
+                          dtype=jnp.float32) -> jax.Array:
+    """The T5 bias band with keys as rows, `[H, rows, W]` in `dtype`: band[h, i, x] =
     table[h, bucket(i + lk_pad - x)], so the bias of keys k0 + i and queries q0 + j is the
     block band[h, :, c:c + n] with c = q0 - k0 + lk_pad (offset k - q = k0 + i - q0 - j)."""
     width = offset_row_width(cfg)
     x = jnp.arange(width, dtype=jnp.int32)[None, :]
     rel = jnp.arange(rows, dtype=jnp.int32)[:, None] + cfg.lk_pad - x
     bucket = common.rel_bucket_tile(cfg, jnp.zeros((1,), jnp.int32), rel.reshape(-1))
-    return jnp.take(table.astype(jnp.float32), bucket.reshape(rows, width), axis=1)
+    return jnp.take(table.astype(jnp.float32), bucket.reshape(rows, width), axis=1).astype(dtype)
 
 
 def side_args(cfg: FlashConfig, side: dict, bounds: tuple[str, str]) -> dict:

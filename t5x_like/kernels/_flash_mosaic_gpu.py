@@ -76,11 +76,23 @@ def smem_bytes(cfg: FlashConfig) -> int:
     """Shared memory of one forward CTA (`_scratch`'s buffers, barriers aside): q/o tiles, and
     per ring slot the streamed K, V, bias and key-side tiles. (The dK/dV and dQ kernels' blocks
     are fixed: at most 137 KB.)"""
-    d, bk, itemsize = cfg.head_dim_pad, cfg.block_k, 2
-    own = BLOCK_Q * (d * itemsize + 4 + 4 * cfg.has_seg + 4 * cfg.has_prefix)  # q/o, lse, ids
-    slot = 2 * bk * d * itemsize + bk * (4 * cfg.has_seg + 4 * cfg.has_prefix)
-    slot += BLOCK_Q * bk * 4 * cfg.has_rel
-    return own + cfg.num_stages * slot
+    return _fwd_smem_bytes(cfg.head_dim_pad, cfg.block_k, cfg.num_stages, cfg.has_seg,
+                           cfg.has_prefix, cfg.has_rel)
+
+
+def _fwd_smem_bytes(d: int, bk: int, stages: int, seg: bool, prefix: bool, rel: bool) -> int:
+    itemsize = 2
+    own = BLOCK_Q * (d * itemsize + 4 + 4 * seg + 4 * prefix)  # q/o, lse, ids
+    slot = 2 * bk * d * itemsize + bk * (4 * seg + 4 * prefix)
+    slot += BLOCK_Q * bk * itemsize * rel  # the band tile, in q's dtype
+    return own + stages * slot
+
+
+def default_block_k(head_dim_pad: int, stages: int, seg: bool, prefix: bool, rel: bool) -> int:
+    """The forward's k tile: 128 where its ring fits shared memory (half the loop steps, and
+    wgmma N = 128), else 64 (head_dim 128 with a T5 table)."""
+    fits = _fwd_smem_bytes(head_dim_pad, 128, stages, seg, prefix, rel) <= SMEM_LIMIT - SMEM_SLACK
+    return 128 if fits else 64
 
 
 def unsupported(cfg: FlashConfig, dtype) -> str | None:
@@ -122,6 +134,43 @@ def _k_range(cfg: FlashConfig, r: dict, b, i) -> tuple[jax.Array, jax.Array]:
     return lo, jnp.maximum(hi, lo)
 
 
+def _bias_varies(cfg: FlashConfig, rows: int, cols: int, q0, k0) -> tuple:
+    """(whether tile [q0, q0 + rows) x [k0, k0 + cols) may hold more than one T5 bucket, whether
+    it lies right of the diagonal): beyond max_distance on one side every offset k - q is in
+    that side's outermost bucket (`gpu_inputs.rel_far`), so such a tile's bias is one number and
+    its band tile is not streamed. Corner arithmetic on the CTA's tile, so the producer and
+    both compute warpgroups agree."""
+    rmin, rmax = common.tile_offset_range(rows, cols, q0, k0)
+    reach = gpu_inputs.window_reach(cfg)
+    return (rmin <= reach) & (rmax >= -reach), rmin > reach
+
+
+def _plus_bias(ops: Ops, r: dict, smem: dict, bars: dict, h, slot, rows, x: jax.Array, varies,
+               right) -> jax.Array:
+    """x + the tile's T5 bias in base 2: the streamed band tile (`rows` of it) where buckets
+    vary, after waiting for it; else head h's outermost bucket on the `right` (or left) of the
+    diagonal, a scalar read per such tile (holding both across the loop spilled the head_dim
+    128 dK/dV kernel)."""
+
+    def band(x):
+        plgpu.barrier_wait(bars["rel"].at[slot])
+        tile = ops.load(smem["rel"].at[slot, rows], plgpu.Layout.WGMMA)
+        return x + tile.astype(jnp.float32) * LOG2E
+
+    def far(x):
+        return x + r["relfar"][h, right.astype(jnp.int32)] * LOG2E
+
+    return band(x) if varies is None else lax.cond(varies, band, far, x)
+
+
+def _rel_smem(stages: int, rows: int, cols: int, dtype) -> plgpu.SMEM:
+    """The band tiles' ring `[stages, rows, cols]` in `dtype`, swizzled for WGMMA-layout loads."""
+    minor = min(cols, 128 // jnp.dtype(dtype).itemsize)
+    return plgpu.SMEM((stages, rows, cols), dtype, transforms=(
+        plgpu.TilingTransform((8, minor)),
+        plgpu.SwizzleTransform(minor * jnp.dtype(dtype).itemsize)))
+
+
 def _streams(cfg: FlashConfig, ops: Ops) -> list[str]:
     """The per-k-block tiles the forward's producer streams."""
     return (["v", "kt" if ops.interpret else "k"] + (["rel"] if cfg.has_rel else [])
@@ -140,8 +189,7 @@ def _scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         "lse": plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
     }
     if cfg.has_rel:
-        smem["rel"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.float32, transforms=(
-            plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128)))
+        smem["rel"] = _rel_smem(s, BLOCK_Q, bk, dtype)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
@@ -173,6 +221,15 @@ def _fwd_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
     return sources
 
 
+def _fwd_when(cfg: FlashConfig, i) -> dict:
+    """Streams of the q-block kernels (forward, dQ) loaded on some steps only: the band tile of
+    k block j where the CTA's tile may hold more than one bucket."""
+    if not cfg.has_rel:
+        return {}
+    return {"rel": lambda j: _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q,
+                                          j * cfg.block_k)[0]}
+
+
 def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
     """The warpgroup's query segment ids and prefix flags as [64] row vectors (None if absent),
     broadcast to the tile inside the loop: a [64, block_k] int tile held across the loop would
@@ -182,15 +239,15 @@ def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
             ops.load(smem["pq"].at[wg], layout) if cfg.has_prefix else None)
 
 
-def _query_row_logits(cfg: FlashConfig, ops: Ops, smem: dict, slot, wg, q_smem, q0, k0,
-                      qseg, pq) -> jax.Array:
-    """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (q0...) against the
-    slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf."""
+def _query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, slot, wg,
+                      q_smem, h, i, k0, qseg, pq) -> jax.Array:
+    """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
+    against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf."""
     x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k) * (cfg.sm_scale * LOG2E)
     if cfg.has_rel:
-        x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
-                         plgpu.Layout.WGMMA) * LOG2E
-    return _masked(cfg, ops, smem, slot, x, q0, k0, qseg, pq)
+        varies, right = _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
+        x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
+    return _masked(cfg, ops, smem, slot, x, i * cfg.block_q + wg * ROWS, k0, qseg, pq)
 
 
 def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, own_seg,
@@ -239,14 +296,15 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
     qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
     q_smem = smem["q"].at[wg]
+    when = _fwd_when(cfg, i)
 
     def step(j, carry):
         m, denom, acc = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in _streams(cfg, ops):
-            if name != "v":
+            if name not in ("v", "rel"):  # v before P·V, the band tile in `_plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = _query_row_logits(cfg, ops, smem, slot, wg, q_smem, q0, j * bk, qseg, pq)
+        x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk, qseg, pq)
         m_new = jnp.maximum(m, x.max(axis=1))
         m_use = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with no allowed key yet
         alpha = jnp.exp2(m - m_use)
@@ -260,7 +318,8 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         return m_new, denom, acc
 
     def drain(j, carry):
-        release(bars, _streams(cfg, ops), lax.rem(j - lo, jnp.int32(s)))
+        release(bars, _streams(cfg, ops), lax.rem(j - lo, jnp.int32(s)),
+                {name: pred(j) for name, pred in when.items()})
         return carry
 
     init = (ops.layout(jnp.full((ROWS,), NEG_INF, jnp.float32), row_layout),
@@ -281,11 +340,11 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
 
 
 def _launch(cfg: FlashConfig, ops: Ops, args: dict, outs: dict, blocks: str, name: str,
-            loop_range, consumer, sources, scratch) -> tuple:
+            loop_range, consumer, sources, scratch, when) -> tuple:
     """One warp-specialised kernel over grid (heads, `blocks` = 'q' | 'k' blocks, batch) from
     `args` to `outs` (name: shape), both named in the kernel's refs: each CTA's loop bounds from
     `loop_range(cfg, r, b, n)`, its compute warpgroups running `consumer`, its producer
-    streaming `sources`, in `scratch`'s buffers."""
+    streaming `sources` (those in `when(cfg, n)` on some steps only), in `scratch`'s buffers."""
     names = list(args) + list(outs)
 
     def kernel(*refs):
@@ -295,7 +354,7 @@ def _launch(cfg: FlashConfig, ops: Ops, args: dict, outs: dict, blocks: str, nam
         warp_specialized(
             lambda smem, bars, wg: consumer(cfg, r, smem, bars, b, h, n, lo, hi, wg, ops),
             sources(cfg, r, b, h, n, ops), lo, hi, cfg.num_stages,
-            scratch(cfg, r["q"].dtype, ops), ops)
+            scratch(cfg, r["q"].dtype, ops), ops, when(cfg, n))
 
     call = plgpu.kernel(
         kernel, out_type=tuple(outs.values()),
@@ -316,14 +375,15 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
         args["kt"] = jnp.transpose(k, (0, 2, 3, 1))  # [B, Hkv, D, Lk]
     else:
         args["k"] = k
-    if cfg.has_rel:
-        args["relband"] = gpu_inputs.rel_band(cfg, side["tab"])
+    if cfg.has_rel:  # the band in q's dtype: half the bytes of f32 (the bias is bf16 in T5X)
+        args["relband"] = gpu_inputs.rel_band(cfg, side["tab"], dtype=q.dtype)
+        args["relfar"] = gpu_inputs.rel_far(cfg, side["tab"], q.dtype)
     args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
     batch = q.shape[0]
     outs = {"o": jax.ShapeDtypeStruct(q.shape, q.dtype),
             "lse": jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)}
     return _launch(cfg, ops, args, outs, "q", "fwd", _k_range, _consumer, _fwd_sources,
-                   _scratch)
+                   _scratch, _fwd_when)
 
 
 # ---- backward: dK/dV -------------------------------------------------------------------------
@@ -381,8 +441,7 @@ def _dkdv_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         smem["dot"] = plgpu.SMEM((s, d, bq), dtype)
         smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bq), dtype)
     if cfg.has_rel:
-        smem["rel"] = plgpu.SMEM((s, DKDV_KEYS, bq), jnp.float32, transforms=(
-            plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128)))
+        smem["rel"] = _rel_smem(s, DKDV_KEYS, bq, dtype)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((s, bq), jnp.int32)
         smem["kseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
@@ -392,6 +451,21 @@ def _dkdv_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         smem["pk"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         own.append("pk")
     return smem, barriers(own, _dkdv_streams(cfg, ops), s)
+
+
+def _dkdv_skips_far(cfg: FlashConfig) -> bool:
+    """Whether dK/dV skips the band tiles of tiles in one bucket: not at head_dim 128 with a
+    prefix mask, where the branch spilled registers (16/28 B) beside the two accumulators."""
+    return cfg.has_rel and not (cfg.head_dim_pad > 64 and cfg.has_prefix)
+
+
+def _dkdv_when(cfg: FlashConfig, j) -> dict:
+    """dK/dV's streams loaded on some steps only: the transposed band tile of q block i where
+    the CTA's tile (its 128 keys against the block's queries) may hold more than one bucket."""
+    if not _dkdv_skips_far(cfg):
+        return {}
+    return {"rel": lambda i: _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q,
+                                          j * cfg.block_k)[0]}
 
 
 def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, lo, hi, wg,
@@ -421,17 +495,19 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     a_smem = smem["a"].at[wg] if ops.interpret else None
     scale = cfg.sm_scale * LOG2E
     streams = _dkdv_streams(cfg, ops)
+    when = _dkdv_when(cfg, j)
 
     def step(i, carry):
         dk, dv = carry
         slot = lax.rem(i - lo, jnp.int32(s))
         for name in streams:
-            if name not in ("do", "dot", "delta"):
+            if name not in ("do", "dot", "delta", "rel"):
                 plgpu.barrier_wait(bars[name].at[slot])
         x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq) * scale
         if cfg.has_rel:
-            x = x + ops.load(smem["rel"].at[slot, pl.ds(wg * ROWS, ROWS)],
-                             plgpu.Layout.WGMMA) * LOG2E
+            varies, right = _bias_varies(cfg, bq, cfg.block_k, i * bq, j * cfg.block_k)
+            varies = varies if _dkdv_skips_far(cfg) else None
+            x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
         x = _masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True)
         p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout) * LOG2E))
         for name in ("do", "dot", "delta"):
@@ -445,7 +521,8 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         return dk, dv
 
     def drain(i, carry):
-        release(bars, streams, lax.rem(i - lo, jnp.int32(s)))
+        release(bars, streams, lax.rem(i - lo, jnp.int32(s)),
+                {name: pred(i) for name, pred in when.items()})
         return carry
 
     zeros = ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
@@ -487,7 +564,9 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         args["qt"] = jnp.transpose(q, (0, 2, 3, 1))  # [B, H, D, Lq]
         args["dot"] = jnp.transpose(do, (0, 2, 3, 1))
     if cfg.has_rel:
-        args["relbandt"] = gpu_inputs.rel_band_keys_as_rows(cfg, side["tab"], DKDV_KEYS)
+        args["relbandt"] = gpu_inputs.rel_band_keys_as_rows(cfg, side["tab"], DKDV_KEYS,
+                                                            dtype=q.dtype)
+        args["relfar"] = gpu_inputs.rel_far(cfg, side["tab"], q.dtype)
     args.update(gpu_inputs.side_args(cfg, side, ("qlo", "qhi")))
     # At head_dim 128 the two [64, 128] f32 accumulators fill the registers: a cast before the
     # stores spilled (packed prefix LM with a table), so those store f32 and XLA casts.
@@ -495,7 +574,7 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
     per_head = jax.ShapeDtypeStruct((q.shape[0], cfg.lk_pad, cfg.num_heads, cfg.head_dim_pad),
                                     out_dtype)
     return _launch(cfg, ops, args, {"dk": per_head, "dv": per_head}, "k", "bwd_dkdv", _q_range,
-                   _dkdv_consumer, _dkdv_sources, _dkdv_scratch)
+                   _dkdv_consumer, _dkdv_sources, _dkdv_scratch, _dkdv_when)
 
 
 # ---- backward: dQ (+ the T5 table's gradient) --------------------------------------------------
@@ -531,8 +610,7 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     else:
         smem["v"] = plgpu.SMEM((s, bk, d), dtype, transforms=tiled)
     if cfg.has_rel:
-        words = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))  # 4-byte tiles
-        smem["rel"] = plgpu.SMEM((s, BLOCK_Q, bk), jnp.float32, transforms=words)
+        smem["rel"] = _rel_smem(s, BLOCK_Q, bk, dtype)
         smem["tab"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
@@ -586,6 +664,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     delta = ops.load(smem["delta"].at[wg], row_layout)
     a_smem = smem["a"].at[wg] if ops.interpret else None
     streams = _dq_streams(cfg, ops)
+    when = _fwd_when(cfg, i)
     if cfg.has_rel:  # the q block's window; this warpgroup's rows of its stored dS tiles
         nwin = gpu_inputs.near_window(cfg)
         j0 = gpu_inputs.near_first_block(cfg, i * cfg.block_q)
@@ -596,8 +675,10 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         dq, tab = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in streams:
-            plgpu.barrier_wait(bars[name].at[slot])
-        x = _query_row_logits(cfg, ops, smem, slot, wg, smem["q"].at[wg], q0, j * bk, qseg, pq)
+            if name != "rel":  # the band tile in `_plus_bias`
+                plgpu.barrier_wait(bars[name].at[slot])
+        x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i, j * bk,
+                              qseg, pq)
         p = jnp.exp2(x - rows_of(lse2))
         dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
         ds = p * (dp - rows_of(delta))
@@ -615,7 +696,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         return dq, tab
 
     def drain(j, carry):
-        release(bars, streams, lax.rem(j - lo, jnp.int32(s)))
+        release(bars, streams, lax.rem(j - lo, jnp.int32(s)),
+                {name: pred(j) for name, pred in when.items()})
         return carry
 
     zeros = lambda n: ops.layout(jnp.zeros((ROWS, n), jnp.float32),  # noqa: E731
@@ -672,7 +754,8 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
     else:
         args["v"] = v
     if cfg.has_rel:
-        args["relband"] = gpu_inputs.rel_band(cfg, side["tab"])
+        args["relband"] = gpu_inputs.rel_band(cfg, side["tab"], dtype=q.dtype)
+        args["relfar"] = gpu_inputs.rel_far(cfg, side["tab"], q.dtype)
     args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
     outs = {"dq": jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])}
     if cfg.has_rel:
@@ -682,7 +765,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
             (q.shape[0], cfg.num_heads, cfg.nq, cfg.block_q,
              gpu_inputs.near_window(cfg) * cfg.block_k), q.dtype)
     res = _launch(cfg, ops, args, outs, "q", "bwd_dq", _k_range, _dq_consumer, _dq_sources,
-                  _dq_scratch)
+                  _dq_scratch, _fwd_when)
     if not cfg.has_rel:
         return res[0], None
     return res[0], (res[1].sum(axis=(0, 2)) + gpu_inputs.near_window_bucket_sums(cfg, res[2]))

@@ -74,13 +74,16 @@ class Ops:
         return acc + pl.run_scoped(run, plgpu.ACC(acc.shape, jnp.float32))
 
 
-def produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: Ops) -> None:
+def produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: Ops,
+            when: dict | None = None) -> None:
     """The producer warpgroup: for each step j in [lo, hi), TMA `sources[name](j)` into slot
     (j - lo) % stages of `smem[name]` (completing `bars[name]` of that slot) once both compute
-    warpgroups have freed the slot; at the end, wait for each slot's last use (so every phase
-    of the "free" barriers is observed)."""
+    warpgroups have freed the slot; a stream in `when` only on the steps where `when[name](j)`
+    holds (its consumers wait for it on those steps only, so the barrier phases agree). At the
+    end, wait for each slot's last use (so every phase of the "free" barriers is observed)."""
     if not ops.interpret:
         plgpu.set_max_registers(40, action="decrease")
+    when = when or {}
 
     @pl.loop(lo, hi)
     def _(j):
@@ -92,21 +95,28 @@ def produce(smem: dict, bars: dict, sources: dict, lo, hi, stages: int, ops: Ops
             plgpu.barrier_wait(bars["free"].at[slot])
 
         for name, src in sources.items():
-            plgpu.copy_gmem_to_smem(src(j), smem[name].at[slot], bars[name].at[slot])
+            copy = functools.partial(plgpu.copy_gmem_to_smem, src(j), smem[name].at[slot],
+                                     bars[name].at[slot])
+            if name in when:
+                pl.when(when[name](j))(copy)
+            else:
+                copy()
 
     for slot in range(stages):
         pl.when(hi - lo > slot)(functools.partial(plgpu.barrier_wait, bars["free"].at[slot]))
 
 
 def warp_specialized(consume: Callable[[dict, dict, Any], None], sources: dict, lo, hi,
-                     stages: int, scratch: tuple, ops: Ops) -> None:
+                     stages: int, scratch: tuple, ops: Ops, when: dict | None = None) -> None:
     """One CTA: the compute warpgroups run `consume(smem, bars, wg)`, the last warpgroup
-    `produce`s `sources` over [lo, hi); `scratch` is `(smem, barriers)` for `pl.run_scoped`."""
+    `produce`s `sources` over [lo, hi) (`when`: the streams loaded on some steps only);
+    `scratch` is `(smem, barriers)` for `pl.run_scoped`."""
 
     def body(smem: dict, bars: dict) -> None:
         wg = lax.axis_index("wg")
         pl.when(wg < COMPUTE_WGS)(lambda: consume(smem, bars, wg))
-        pl.when(wg == COMPUTE_WGS)(lambda: produce(smem, bars, sources, lo, hi, stages, ops))
+        pl.when(wg == COMPUTE_WGS)(
+            lambda: produce(smem, bars, sources, lo, hi, stages, ops, when))
 
     pl.run_scoped(body, *scratch, collective_axes="wg")
 
@@ -119,11 +129,16 @@ def load_own(smem: dict, bars: dict, sources: dict, wg) -> None:
         plgpu.barrier_wait(bars[f"own_{name}"].at[wg])
 
 
-def release(bars: dict, streams: list[str], slot) -> None:
-    """A block a warpgroup's rows cannot see: wait for its tiles (every phase is observed),
-    then free the slot unread."""
+def release(bars: dict, streams: list[str], slot, loaded: dict | None = None) -> None:
+    """A block a warpgroup's rows cannot see: wait for its tiles (every phase is observed;
+    `loaded[name]`, a traced bool, for a stream loaded on some steps only), then free the slot
+    unread."""
     for name in streams:
-        plgpu.barrier_wait(bars[name].at[slot])
+        wait = functools.partial(plgpu.barrier_wait, bars[name].at[slot])
+        if loaded and name in loaded:
+            pl.when(loaded[name])(wait)
+        else:
+            wait()
     plgpu.barrier_arrive(bars["free"].at[slot])
 
 

@@ -334,7 +334,9 @@ def flash_attention(
     if backend == "mosaic_gpu":  # fixed 128-row q blocks (two warpgroups) and dK/dV key blocks
         from t5x_like.kernels import _flash_mosaic_gpu  # jax's Mosaic GPU modules: 0.8 s import
 
-        fwd = (block_q or _flash_mosaic_gpu.BLOCK_Q, block_k or 64, 4, 2)
+        has_seg = q_segment_ids is not None or kv_segment_ids is not None
+        fwd = (block_q or _flash_mosaic_gpu.BLOCK_Q, block_k or _flash_mosaic_gpu.default_block_k(
+            dp, 2, has_seg, prefix_mask is not None, rel_bias is not None), 4, 2)
         k_unit = _flash_mosaic_gpu.DKDV_KEYS
     bwd = _blocks(default_block_sizes(dp, backend, target, "bwd"), bwd_block_q or block_q,
                   bwd_block_k or block_k, lq, lk, "bwd_" if bwd_block_q or bwd_block_k else "")

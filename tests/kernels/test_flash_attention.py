@@ -73,6 +73,10 @@ CASES = [
          backend="mosaic_gpu"),
     Case("mgpu_cross_gqa_rel_kv_padding", dtype="bfloat16", b=1, lq=100, lk=190, h=2, hkv=1,
          d=128, segments="kv_only", rel="bidirectional", backend="mosaic_gpu"),
+    # Tiles wholly beyond max_distance on both sides: their band tiles are not streamed (the
+    # outermost buckets' values added instead) in all three kernels.
+    Case("mgpu_rel_far_tiles_packed", dtype="bfloat16", b=1, lq=384, lk=384, h=1, hkv=1, d=64,
+         segments="packed", rel="bidirectional", max_distance=16, backend="mosaic_gpu"),
     # No table: dQ from the Hopper dQ kernel too.
     Case("mgpu_prefix_lm_packed_mqa", dtype="bfloat16", b=1, lq=150, lk=150, h=2, hkv=1, d=128,
          causal=True, prefix=True, segments="packed", backend="mosaic_gpu"),
@@ -257,7 +261,7 @@ INVALID = [
         *_qkv(), backend="mosaic_gpu")),
     ("'mosaic_gpu' cannot run this call: a dense bias", lambda: flash_attention(
         *_qkv(dtype=jnp.bfloat16), bias=jnp.zeros((1, 2, 8, 8)), backend="mosaic_gpu")),
-    ("'mosaic_gpu' cannot run this call: its tiles need 298,496 B", lambda: flash_attention(
+    ("'mosaic_gpu' cannot run this call: its tiles need 232,960 B", lambda: flash_attention(
         *_qkv(lq=256, lk=256, d=128, dtype=jnp.bfloat16), causal=True, block_k=128,
         rel_bias=jnp.zeros((32, 2)), prefix_mask=jnp.ones((1, 256), bool),
         q_segment_ids=jnp.ones((1, 256), jnp.int32), kv_segment_ids=jnp.ones((1, 256), jnp.int32),
