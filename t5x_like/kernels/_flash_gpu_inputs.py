@@ -105,7 +105,8 @@ def window_table_gradient(cfg: FlashConfig, band: jax.Array, far: jax.Array) -> 
     """The Triton dQ kernel's T5 table gradient `[H, num_buckets_pad]` f32: its stored window
     tiles (`near_window_bucket_sums`) plus `far` [B, H, nq, 2, block_q], the row sums of the
     tiles outside the windows, each wholly in its side's outermost bucket (0: left, offsets
-    below -max_distance; 1: right; `common.bucket_order`'s first and last)."""
+    below -max_distance; 1: right; `common.bucket_order`'s first and last). The Hopper dQ
+    kernel's `far` is [B, H, 2 nq, 2, 64] (a row per warpgroup): the same sum."""
     order = common.bucket_order(cfg)
     side = jnp.sum(far, axis=(0, 2, 4))  # [H, 2]
     return near_window_bucket_sums(cfg, band).at[:, order[0]].add(side[:, 0]).at[

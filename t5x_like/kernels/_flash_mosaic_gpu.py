@@ -6,10 +6,11 @@ Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
   dQ, key rows in dK/dV;
 - one **producer** warpgroup (`_produce`) that streams the other side's tiles with TMA into a
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
-  T5 bias tile `[128, block_k]` f32 (a slice of the bias band `gpu_inputs.rel_band`
-  builds: no bucket math in the loop), the keys' segment ids and prefix flags (dQ: the same).
-  dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile,
-  the queries' ids and flags.
+  T5 bias tile `[128, block_k]` in q's dtype (a slice of the bias band `gpu_inputs.rel_band`
+  builds: no bucket math in the loop; not streamed for a tile wholly beyond max_distance,
+  whose bias is one number, `_plus_bias`), the keys' segment ids and prefix flags (dQ: the
+  same). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile, the
+  queries' ids and flags.
 
 Every stream has a "ready" barrier per slot (its TMA completes it); both compute warpgroups
 arrive on the slot's "free" barrier when done with it, and the producer waits on it before it
@@ -24,9 +25,9 @@ Forward, per k block, in base 2 with the scale folded in:
 
 and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0,
 lse = 0, as the Triton kernel). dK/dV works with keys as rows (`_dkdv_consumer`), so every
-wgmma takes its register operand untransposed. dQ also reduces the T5 table's gradient: per
-tile, dS summed per run of buckets along the offset axis, by thresholds (`_table_grad`, the
-Triton kernel's scheme).
+wgmma takes its register operand untransposed. dQ also yields the T5 table's gradient, as the
+Triton kernel does: the near-diagonal dS tiles stored, the others' row sums per side
+(`_far_tile_sums`), both reduced by bucket in XLA (`gpu_inputs.window_table_gradient`).
 
 The warp-specialised machinery (producer, barriers, what differs in interpret mode) is
 `_mosaic_gpu_pipeline`. **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU
@@ -579,9 +580,9 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
 
 # ---- backward: dQ (+ the T5 table's gradient) --------------------------------------------------
 def _dq_cfg(cfg: FlashConfig) -> FlashConfig:
-    """`cfg` with the dQ kernel's blocks: 128 query rows per CTA, k tiles of 64, or 32 at
-    head_dim 128 with a table (the bias tiles then fit two slots)."""
-    return dataclasses.replace(cfg, block_k=32 if cfg.has_rel and cfg.head_dim_pad > 64 else 64)
+    """`cfg` with the dQ kernel's blocks: 128 query rows per CTA, k tiles of 64 (with the band
+    in q's dtype its tiles fit two slots at head_dim 128 too)."""
+    return dataclasses.replace(cfg, block_k=64)
 
 
 def _dq_streams(cfg: FlashConfig, ops: Ops) -> list[str]:
@@ -611,7 +612,7 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         smem["v"] = plgpu.SMEM((s, bk, d), dtype, transforms=tiled)
     if cfg.has_rel:
         smem["rel"] = _rel_smem(s, BLOCK_Q, bk, dtype)
-        smem["tab"] = plgpu.SMEM((COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
+        smem["far"] = plgpu.SMEM((COMPUTE_WGS, 2, ROWS), jnp.float32)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
@@ -623,16 +624,15 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     return smem, barriers(own, _dq_streams(cfg, ops), s)
 
 
-def _far_tile_sums(cfg: FlashConfig, ops: Ops, acc: jax.Array, ds: jax.Array, q0,
-                   k0) -> jax.Array:
-    """acc [64, NBp] += the tile's row sums of dS in the column of its side's outermost bucket:
-    a tile outside its q block's window (`gpu_inputs.near_window`) lies beyond max_distance on
-    one side of the diagonal, wholly in that bucket (`common.bucket_order`'s first or last)."""
-    order = common.bucket_order(cfg)
+def _far_tile_sums(cfg: FlashConfig, far: tuple, ds: jax.Array, q0, k0) -> tuple:
+    """far = (left, right) [64] row sums of dS += the tile's, on its side of the diagonal: a
+    tile outside its q block's window (`gpu_inputs.near_window`) lies beyond max_distance on
+    one side, wholly in that side's outermost bucket (`common.bucket_order`'s first or last).
+    Two row vectors (4 registers a thread) instead of a [64, buckets] accumulator (16)."""
     rmin, _ = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
-    col = jnp.where(rmin > cfg.rel_max_distance, order[-1], order[0])
-    total = lax.broadcast_in_dim(ds.sum(axis=1), acc.shape, [0])
-    return acc + jnp.where(ops.iota(acc.shape, 1) == col, total, 0.0)
+    rows = ds.sum(axis=1)
+    return lax.cond(rmin > cfg.rel_max_distance, lambda f: (f[0], f[1] + rows),
+                    lambda f: (f[0] + rows, f[1]), far)
 
 
 def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
@@ -672,7 +672,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         band = lambda j: r["dsband"].at[b, h, i, rows_in_block, pl.ds((j - j0) * bk, bk)]  # noqa: E731
 
     def step(j, carry):
-        dq, tab = carry
+        dq, far = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in streams:
             if name != "rel":  # the band tile in `_plus_bias`
@@ -685,15 +685,15 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         dq = ops.mma_acc(dq, ds.astype(dtype), smem["k"].at[slot], a_smem)
         if cfg.has_rel:
             in_window = (j0 <= j) & (j < j0 + nwin)
-            tab = lax.cond(in_window, lambda t: t,
-                           lambda t: _far_tile_sums(cfg, ops, t, ds, q0, j * bk), tab)
+            far = lax.cond(in_window, lambda f: f,
+                           lambda f: _far_tile_sums(cfg, f, ds, q0, j * bk), far)
 
             @pl.when(in_window)
             def _():
                 band(j)[...] = ds.astype(dtype)
 
         plgpu.barrier_arrive(bars["free"].at[slot])
-        return dq, tab
+        return dq, far
 
     def drain(j, carry):
         release(bars, streams, lax.rem(j - lo, jnp.int32(s)),
@@ -702,9 +702,10 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
 
     zeros = lambda n: ops.layout(jnp.zeros((ROWS, n), jnp.float32),  # noqa: E731
                                  plgpu.Layout.WGMMA)
-    init = (zeros(d), zeros(cfg.num_buckets_pad) if cfg.has_rel else None)
+    row_zeros = lambda: ops.layout(jnp.zeros((ROWS,), jnp.float32), row_layout)  # noqa: E731
+    init = (zeros(d), (row_zeros(), row_zeros()) if cfg.has_rel else None)
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
-    dq, tab = lax.fori_loop(lo, own_hi, step, init)
+    dq, far = lax.fori_loop(lo, own_hi, step, init)
     lax.fori_loop(own_hi, hi, drain, 0)
     if cfg.has_rel:  # window tiles these rows skip (causal, segments) read as zeros
 
@@ -716,10 +717,11 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         lax.fori_loop(jnp.maximum(jnp.maximum(own_hi, lo), j0), j0 + nwin, zero, 0)
     dq = dq * cfg.sm_scale if cfg.sm_scale != 1.0 else dq
     r["dq"].at[b, rows, h][...] = dq.astype(r["dq"].dtype)
-    if cfg.has_rel:  # this warpgroup's partial sums: row 2i + wg of [B, H, 2 nq, NBp]
-        smem["tab"].at[wg][...] = tab.sum(axis=0)
+    if cfg.has_rel:  # this warpgroup's far sums: [2, 64] at 2i + wg of [B, H, 2 nq, 2, 64]
+        smem["far"].at[wg, 0][...] = far[0]
+        smem["far"].at[wg, 1][...] = far[1]
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(smem["tab"].at[wg], r["dtab"].at[b, h, i * COMPUTE_WGS + wg])
+        plgpu.copy_smem_to_gmem(smem["far"].at[wg], r["dfar"].at[b, h, i * COMPUTE_WGS + wg])
         plgpu.wait_smem_to_gmem(0)
 
 
@@ -759,8 +761,8 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
     args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
     outs = {"dq": jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])}
     if cfg.has_rel:
-        outs["dtab"] = jax.ShapeDtypeStruct(
-            (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, cfg.num_buckets_pad), jnp.float32)
+        outs["dfar"] = jax.ShapeDtypeStruct(
+            (q.shape[0], cfg.num_heads, cfg.nq * COMPUTE_WGS, 2, ROWS), jnp.float32)
         outs["dsband"] = jax.ShapeDtypeStruct(
             (q.shape[0], cfg.num_heads, cfg.nq, cfg.block_q,
              gpu_inputs.near_window(cfg) * cfg.block_k), q.dtype)
@@ -768,7 +770,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
                   _dq_scratch, _fwd_when)
     if not cfg.has_rel:
         return res[0], None
-    return res[0], (res[1].sum(axis=(0, 2)) + gpu_inputs.near_window_bucket_sums(cfg, res[2]))
+    return res[0], gpu_inputs.window_table_gradient(cfg, res[2], res[1])
 
 
 def backward(cfg: FlashConfig, q, k, v, side: dict, o, lse, do):
