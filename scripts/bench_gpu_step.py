@@ -10,17 +10,18 @@ script with `--worker`) hold every variant ready:
 - the PyTorch worker builds the same models in Hugging Face transformers (fp32 weights, bf16
   autocast, T5's Adafactor), eager and `torch.compile`d.
 
-The coordinator then runs rounds: in each, every ready variant times `--steps` steps
-(dispatched back to back as the trainer does, one sync at the end), in an order rotated round
-by round, so ours and PyTorch alternate on the same warm GPU. Variants still compiling after
-`--ready_by` seconds join later rounds. `--torch_after_jax` runs PyTorch's rounds after ours
-instead, each side alone on the GPU (memory: Hugging Face's eager T5-base at batch 128 needs
-most of an 80 GB card). After the first round it traces the `--profile` variants with
-`jax.profiler` and reduces the trace on the machine to a per-kernel table (kernel, HLO op,
-kind, region, ms/step) and a sum by kind, small enough to come back from the lease, checked
-against the step model of the same HLO (`t5x_like.aot.roofline`); it also keeps their
-optimised HLO and XLA's autotuning results (`autotune.textproto`, loadable offline with
-`--xla_gpu_load_autotune_results_from`).
+The coordinator then runs rounds: in each, every ready variant times `--steps` steps (dispatched
+back to back as the trainer does, one sync at the end), in an order rotated round by round, so ours
+and PyTorch alternate on the same warm GPU. Variants still compiling after `--ready_by` seconds
+join later rounds, and rounds go on (all ready variants, interleaved) until each has `--rounds`
+timings or the budget ends (on two loans the Hopper variant was ready seconds after the rounds had
+started, and missed them all). `--torch_after_jax` runs PyTorch's rounds after ours instead, each
+side alone on the GPU (memory: Hugging Face's eager T5-base at batch 128 needs most of an 80 GB
+card). After the first round it traces the `--profile` variants (once ready) with `jax.profiler`
+and reduces the trace on the machine to a per-kernel table (kernel, HLO op, kind, region, ms/step)
+and a sum by kind, small enough to come back from the lease, checked against the step model of the
+same HLO (`t5x_like.aot.roofline`); it also keeps their optimised HLO and XLA's autotuning results
+(`autotune.textproto`, loadable offline with `--xla_gpu_load_autotune_results_from`).
 
 Results go to `<out_dir>/gpu_step_rounds.jsonl` as they arrive (`--resume` keeps those and
 measures only the missing), then `gpu_step.{json,md}`. `--budget_s` stops starting new
@@ -286,19 +287,20 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
         print(json.dumps(row), flush=True)
 
     def measure(until: float) -> None:
-        """Rounds over the running workers' ready variants until `until` (monotonic)."""
+        """Rounds over the running workers' ready variants until `until` (monotonic); then
+        catch-up rounds while a variant that was still compiling has fewer than `--rounds`
+        timings (all ready variants again, interleaved with it)."""
         phase_start = time.monotonic()
         while not poll() and time.monotonic() - phase_start < args.ready_by:
             time.sleep(5)
         print(json.dumps({"ready": {k: sorted(v) for k, v in ready.items()},
                           "after_s": time.monotonic() - start}), flush=True)
         left_ = lambda: until - time.monotonic()
-        for rnd in range(args.rounds):
-            if rnd:
-                poll()  # variants that became ready since join from this round on
-            entries = ([("peak", "jax")] if "jax" in workers else []) + [
-                (s["name"], owner[s["name"]]) for s in [*specs, *torch_specs]
-                if owner.get(s["name"]) in workers]
+        entries = ([("peak", "jax")] if "jax" in workers else []) + [
+            (s["name"], owner[s["name"]]) for s in [*specs, *torch_specs]
+            if owner.get(s["name"]) in workers]
+
+        def one_round(rnd: int) -> None:
             shift = rnd % max(1, len(entries))
             for name, who in entries[shift:] + entries[:shift]:
                 kind = "peak" if name == "peak" else "time"
@@ -310,17 +312,35 @@ def main() -> None:  # noqa: C901 - the coordinator's one sequence, read top to 
                 res = workers[who].ask(cmd, left_() + 60)
                 res.pop("event", None)
                 record({"kind": kind, "name": name, "round": rnd, **res})
-            if rnd == 0 and "jax" in workers:
-                for name in profile_names:
-                    if name in ready["jax"] and need("profile", name) and left_() > 20:
-                        res = workers["jax"].ask({"cmd": "profile", "name": name}, left_() + 60)
-                        res.pop("event", None)
-                        row = {"kind": "profile", "name": name, **res}
-                        record({k: v for k, v in row.items() if k != "profile"} | {
-                            "profile_top": (res.get("profile") or {}).get("by_kind_ms")})
-                        profiles[name] = row
-                        (out_dir / "gpu_step_profiles.json").write_text(
-                            json.dumps(profiles) + "\n")
+            for name in profile_names if "jax" in workers else []:
+                if name in ready["jax"] and need("profile", name) and left_() > 20:
+                    res = workers["jax"].ask({"cmd": "profile", "name": name}, left_() + 60)
+                    res.pop("event", None)
+                    row = {"kind": "profile", "name": name, **res}
+                    record({k: v for k, v in row.items() if k != "profile"} | {
+                        "profile_top": (res.get("profile") or {}).get("by_kind_ms")})
+                    profiles[name] = row
+                    (out_dir / "gpu_step_profiles.json").write_text(json.dumps(profiles) + "\n")
+
+        for rnd in range(args.rounds):
+            if rnd:
+                poll()  # variants that became ready since join from this round on
+            one_round(rnd)
+        rnd = args.rounds
+        while left_() > 30:  # catch-up rounds for the variants that compiled late
+            prepared = poll()
+            timed = lambda n: sum(r["kind"] == "time" and r["name"] == n and "error" not in r  # noqa: E731
+                                  for r in rows)
+            late = [n for n, _ in entries if n != "peak" and timed(n) < args.rounds
+                    and "error" not in info.get(n, {})
+                    and not any(r["name"] == n and "error" in r for r in rows)]
+            if not late or (prepared and not any(n in ready[owner[n]] for n in late)):
+                break
+            if not any(n in ready[owner[n]] for n in late):
+                time.sleep(5)
+                continue
+            one_round(rnd)
+            rnd += 1
 
     def keep_info() -> None:
         for name in owner:

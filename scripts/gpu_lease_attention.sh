@@ -13,13 +13,16 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_lease_attention}
 mkdir -p "$OUT"
 start=$SECONDS
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # the package from this checkout (the fourth loan lacked it)
 left() { echo $(( ${LEASE_TIMEOUT:-420} - (SECONDS - start) )); }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 } > "$OUT/run.log" 2>&1
-JAX_PLATFORMS=cuda timeout "${TESTS_TIMEOUT:-90}" python3 -m pytest -q -p no:cacheprovider \
-  tests/kernels/test_flash_attention.py -k "mgpu" > "$OUT/mgpu_tests.log" 2>&1
+# Unbuffered, verbose and with faulthandler: twice this log came back empty (rc 1, 6 s).
+{ python3 -m pytest --version; JAX_PLATFORMS=cuda timeout "${TESTS_TIMEOUT:-90}" \
+  python3 -X faulthandler -u -m pytest -v -p no:cacheprovider \
+  tests/kernels/test_flash_attention.py -k "mgpu"; } > "$OUT/mgpu_tests.log" 2>&1
 echo "mgpu tests rc $? after $((SECONDS - start)) s: $(tail -1 "$OUT/mgpu_tests.log")" >> "$OUT/run.log"
 IFS=';' read -ra entries <<< "${GRID:-64:512 2048 8192;128:512 2048 8192;64:1024 4096}"
 for entry in "${entries[@]}"; do

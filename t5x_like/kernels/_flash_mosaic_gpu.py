@@ -351,6 +351,8 @@ def _launch(cfg: FlashConfig, ops: Ops, args: dict, outs: dict, blocks: str, nam
     def kernel(*refs):
         r = dict(zip(names, refs, strict=True))
         b, h, n = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index(blocks)
+        if cfg.causal and blocks == "q":  # longest first: the last q blocks see the most keys,
+            n = cfg.nq - 1 - n  # so the grid's tail is short CTAs, not long ones (FA2's order)
         lo, hi = loop_range(cfg, r, b, n)
         warp_specialized(
             lambda smem, bars, wg: consumer(cfg, r, smem, bars, b, h, n, lo, hi, wg, ops),

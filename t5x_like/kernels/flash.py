@@ -411,19 +411,29 @@ def _backend_module(cfg: FlashConfig):
     return _flash_triton
 
 
+@functools.cache
+def _jitted(cfg: FlashConfig, name: str):
+    """The backend's `forward` / `backward` under `jax.jit` (cfg static): every call site with
+    the same config and shapes (a model's layers) reuses one trace and one lowering instead of
+    lowering the kernels again per layer (T5-base's 36 attention layers: the Hopper kernels'
+    Mosaic lowering took 42 s of the step's 53 s build on an H200; 8 layers lower in 0.7 s
+    instead of 5.5 s here)."""
+    return jax.jit(getattr(_backend_module(cfg), name), static_argnums=0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash_core(cfg: FlashConfig, q, k, v, side: dict) -> jax.Array:
-    return _backend_module(cfg).forward(cfg, q, k, v, side)[0]
+    return _jitted(cfg, "forward")(cfg, q, k, v, side)[0]
 
 
 def _flash_core_fwd(cfg: FlashConfig, q, k, v, side: dict):
-    o, lse = _backend_module(cfg).forward(cfg, q, k, v, side)
+    o, lse = _jitted(cfg, "forward")(cfg, q, k, v, side)
     return o, (q, k, v, side, o, lse)
 
 
 def _flash_core_bwd(cfg: FlashConfig, res, do):
     q, k, v, side, o, lse = res
-    dq, dk_h, dv_h, dtab, dbias = _backend_module(cfg).backward(cfg, q, k, v, side, o, lse, do)
+    dq, dk_h, dv_h, dtab, dbias = _jitted(cfg, "backward")(cfg, q, k, v, side, o, lse, do)
     b, lk_pad, h, dp = dk_h.shape
     # dK/dV come per q head; the kv head's gradient is the sum over its group.
     if cfg.group > 1:

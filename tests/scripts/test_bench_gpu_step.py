@@ -50,6 +50,19 @@ def test_smoke_run_interleaves_both_sides_and_resumes_with_nothing_to_do(tmp_pat
     assert again["profiles"]["tiny:8:xla"]["profile"] == profile
 
 
+def test_variants_ready_after_the_rounds_began_get_catch_up_rounds(tmp_path) -> None:
+    """--ready_by 0: the rounds start before anything has compiled, so every variant is timed in
+    catch-up rounds (numbered after --rounds), interleaved, until each has --rounds timings."""
+    argv = [sys.executable, str(REPO / "scripts" / "bench_gpu_step.py"), "--smoke", "--torch",
+            "", "--profile", "", "--ready_by", "0", "--out_dir", str(tmp_path)]
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(x) for x in (tmp_path / "gpu_step_rounds.jsonl").read_text().splitlines()]
+    timed = [(r["name"], r["round"]) for r in rows if r["kind"] == "time"]
+    for name in ("tiny:8:xla", "tiny:8:xla:cublas"):
+        assert sum(n == name for n, _ in timed) >= 2
+    assert min(rnd for _, rnd in timed) >= 2  # nothing was ready in rounds 0 and 1
+
+
 BWD = 'op_name="jit(step)/transpose(jvp(M))/encoder/layers_0/mlp/mul"'
 FWD = 'op_name="jit(step)/jvp(M)/encoder/layers_0/pre_mlp_layer_norm/reduce_sum"'
 HLO = f"""HloModule jit_step
