@@ -42,6 +42,7 @@ goes through shared memory (there operands must be refs); layouts are not cast.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -241,22 +242,25 @@ def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
 
 
 def _query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, slot, wg,
-                      q_smem, h, i, k0, qseg, pq) -> jax.Array:
+                      q_smem, h, i, k0, qseg, pq, diagonal: bool = True) -> jax.Array:
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
-    against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf."""
+    against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf
+    (`diagonal`: as `_masked`'s)."""
     x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k) * (cfg.sm_scale * LOG2E)
     if cfg.has_rel:
         varies, right = _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
         x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
-    return _masked(cfg, ops, smem, slot, x, i * cfg.block_q + wg * ROWS, k0, qseg, pq)
+    return _masked(cfg, ops, smem, slot, x, i * cfg.block_q + wg * ROWS, k0, qseg, pq,
+                   diagonal=diagonal)
 
 
 def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, own_seg,
-            own_prefix, keys_as_rows: bool = False) -> jax.Array:
+            own_prefix, keys_as_rows: bool = False, diagonal: bool = True) -> jax.Array:
     """`x` [64, n] with the disallowed (query, key) pairs at -inf. Rows are the warpgroup's own
     queries from q0 (their segment / prefix row vectors given), columns the slot's keys from
     k0 (their vectors streamed); with `keys_as_rows`, dK/dV's transposed frame: rows are keys
-    from k0, columns the slot's queries from q0."""
+    from k0, columns the slot's queries from q0. `diagonal=False`: the tile lies wholly below
+    the causal diagonal (every key at or before every query), so the causal test is skipped."""
     shape = x.shape
     rows_of = lambda v: lax.broadcast_in_dim(v, shape, [0])  # noqa: E731
     cols = lambda name: lax.broadcast_in_dim(  # noqa: E731
@@ -267,9 +271,10 @@ def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, 
     if cfg.has_seg:  # equal ids, not padding (equal ids: one side's check is enough)
         seg = cols(seg_name)
         allowed = (rows_of(own_seg) == seg) & (seg != 0)
-    if cfg.causal or cfg.kv_pad_mask:
+    causal = cfg.causal and diagonal
+    if causal or cfg.kv_pad_mask:
         k_idx = ops.iota(shape, k_dim) + k0
-    if cfg.causal:
+    if causal:
         visible = k_idx <= ops.iota(shape, q_dim) + q0
         if cfg.has_prefix:
             visible = visible | ((rows_of(own_prefix) != 0) & (cols(prefix_name) != 0))
@@ -277,6 +282,18 @@ def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, 
     if cfg.kv_pad_mask:
         allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
     return x if allowed is None else jnp.where(allowed, x, NEG_INF)
+
+
+def _causal_split(cfg: FlashConfig, body, lo, hi, split, carry, diagonal_first: bool = False):
+    """`fori_loop` over [lo, hi) of `body(diagonal)`: under a causal mask only the steps whose
+    tiles the diagonal crosses, [split, hi) (or [lo, split) with `diagonal_first`: dK/dV, keys
+    as rows), apply the causal test; the others lie wholly below it and skip the test's iota,
+    compare and select (FA3's split)."""
+    if not cfg.causal:
+        return lax.fori_loop(lo, hi, body(False), carry)
+    split = jnp.clip(split, lo, hi)
+    carry = lax.fori_loop(lo, split, body(diagonal_first), carry)
+    return lax.fori_loop(split, hi, body(not diagonal_first), carry)
 
 
 def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg, ops: Ops):
@@ -299,13 +316,14 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     q_smem = smem["q"].at[wg]
     when = _fwd_when(cfg, i)
 
-    def step(j, carry):
+    def step(diagonal, j, carry):
         m, denom, acc = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in _streams(cfg, ops):
             if name not in ("v", "rel"):  # v before P·V, the band tile in `_plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk, qseg, pq)
+        x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk, qseg, pq,
+                              diagonal)
         m_new = jnp.maximum(m, x.max(axis=1))
         m_use = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with no allowed key yet
         alpha = jnp.exp2(m - m_use)
@@ -328,7 +346,9 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
             ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA))
     # Causal: the first warpgroup's rows end a block earlier than the CTA's (block_k = 64).
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
-    m, denom, acc = lax.fori_loop(lo, own_hi, step, init)
+    # k blocks before (q0 + 1) // block_k end at or before the rows' first query
+    m, denom, acc = _causal_split(cfg, lambda diag: functools.partial(step, diag), lo, own_hi,
+                                  (q0 + 1) // bk, init)
     lax.fori_loop(own_hi, hi, drain, 0)
     empty = denom == 0.0
     denom = jnp.where(empty, 1.0, denom)
@@ -500,7 +520,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     streams = _dkdv_streams(cfg, ops)
     when = _dkdv_when(cfg, j)
 
-    def step(i, carry):
+    def step(diagonal, i, carry):
         dk, dv = carry
         slot = lax.rem(i - lo, jnp.int32(s))
         for name in streams:
@@ -511,7 +531,8 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
             varies, right = _bias_varies(cfg, bq, cfg.block_k, i * bq, j * cfg.block_k)
             varies = varies if _dkdv_skips_far(cfg) else None
             x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
-        x = _masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True)
+        x = _masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True,
+                    diagonal=diagonal)
         p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout) * LOG2E))
         for name in ("do", "dot", "delta"):
             if name in streams:
@@ -532,7 +553,9 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     # Causal: the second warpgroup's keys start a q block later than the CTA's.
     own_lo = jnp.clip(_causal_start(cfg, r, b, k0), lo, hi) if cfg.causal else lo
     lax.fori_loop(lo, own_lo, drain, 0)
-    dk, dv = lax.fori_loop(own_lo, hi, step, (zeros, zeros))
+    # q blocks from ceil((k0 + 63) / bq) start at or after the warpgroup's last key
+    dk, dv = _causal_split(cfg, lambda diag: functools.partial(step, diag), own_lo, hi,
+                           (k0 + ROWS - 1 + bq - 1) // bq, (zeros, zeros), diagonal_first=True)
     dk = dk * cfg.sm_scale if cfg.sm_scale != 1.0 else dk
     r["dk"].at[b, keys, h][...] = dk.astype(r["dk"].dtype)
     r["dv"].at[b, keys, h][...] = dv.astype(r["dv"].dtype)
@@ -582,9 +605,9 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
 
 # ---- backward: dQ (+ the T5 table's gradient) --------------------------------------------------
 def _dq_cfg(cfg: FlashConfig) -> FlashConfig:
-    """`cfg` with the dQ kernel's blocks: 128 query rows per CTA, k tiles of 64 (with the band
-    in q's dtype its tiles fit two slots at head_dim 128 too)."""
-    return dataclasses.replace(cfg, block_k=64)
+    """`cfg` with the dQ kernel's blocks: 128 query rows per CTA, k tiles of 64, or 32 at
+    head_dim 128 with a table (64 spilled 4/8 B there with a causal mask)."""
+    return dataclasses.replace(cfg, block_k=32 if cfg.has_rel and cfg.head_dim_pad > 64 else 64)
 
 
 def _dq_streams(cfg: FlashConfig, ops: Ops) -> list[str]:
@@ -673,14 +696,14 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         rows_in_block = pl.ds(wg * ROWS, ROWS)
         band = lambda j: r["dsband"].at[b, h, i, rows_in_block, pl.ds((j - j0) * bk, bk)]  # noqa: E731
 
-    def step(j, carry):
+    def step(diagonal, j, carry):
         dq, far = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in streams:
             if name != "rel":  # the band tile in `_plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i, j * bk,
-                              qseg, pq)
+                              qseg, pq, diagonal)
         p = jnp.exp2(x - rows_of(lse2))
         dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
         ds = p * (dp - rows_of(delta))
@@ -707,7 +730,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     row_zeros = lambda: ops.layout(jnp.zeros((ROWS,), jnp.float32), row_layout)  # noqa: E731
     init = (zeros(d), (row_zeros(), row_zeros()) if cfg.has_rel else None)
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
-    dq, far = lax.fori_loop(lo, own_hi, step, init)
+    dq, far = _causal_split(cfg, lambda diag: functools.partial(step, diag), lo, own_hi,
+                            (q0 + 1) // bk, init)
     lax.fori_loop(own_hi, hi, drain, 0)
     if cfg.has_rel:  # window tiles these rows skip (causal, segments) read as zeros
 
