@@ -58,6 +58,7 @@ from t5x_like.kernels._mosaic_gpu_pipeline import (
     COMPUTE_WGS,
     ROWS,
     Ops,
+    PingPong,
     barriers,
     call_params,
     load_own,
@@ -201,7 +202,7 @@ def _scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     if ops.interpret:
         smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bk), dtype)
     own = ["q"] + (["qseg"] if cfg.has_seg else []) + (["pq"] if cfg.has_prefix else [])
-    return smem, barriers(own, _streams(cfg, ops), s)
+    return smem, barriers(own, _streams(cfg, ops), s, schedule=True)
 
 
 def _fwd_sources(cfg: FlashConfig, r: dict, b, h, i, ops: Ops) -> dict:
@@ -242,11 +243,13 @@ def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
 
 
 def _query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, slot, wg,
-                      q_smem, h, i, k0, qseg, pq, diagonal: bool = True) -> jax.Array:
+                      q_smem, h, i, k0, qseg, pq, diagonal: bool = True,
+                      after_issue=None) -> jax.Array:
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
     against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf
-    (`diagonal`: as `_masked`'s)."""
-    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k) * (cfg.sm_scale * LOG2E)
+    (`diagonal`: as `_masked`'s; `after_issue`: as `Ops.scores`')."""
+    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k,
+                   after_issue) * (cfg.sm_scale * LOG2E)
     if cfg.has_rel:
         varies, right = _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
         x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
@@ -315,6 +318,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
     q_smem = smem["q"].at[wg]
     when = _fwd_when(cfg, i)
+    turns = PingPong(bars, wg)
 
     def step(diagonal, j, carry):
         m, denom, acc = carry
@@ -323,20 +327,24 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
             if name not in ("v", "rel"):  # v before P·V, the band tile in `_plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk, qseg, pq,
-                              diagonal)
+                              diagonal, after_issue=turns.issued)
         m_new = jnp.maximum(m, x.max(axis=1))
         m_use = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with no allowed key yet
         alpha = jnp.exp2(m - m_use)
         p = jnp.exp2(x - rows_of(m_use))
         denom = denom * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        p16 = p.astype(dtype)
+        turns.softmax_done()
         plgpu.barrier_wait(bars["v"].at[slot])
-        acc = ops.mma_acc(acc, p.astype(dtype), smem["v"].at[slot],
+        turns.pv_turn()
+        acc = ops.mma_acc(acc, p16, smem["v"].at[slot],
                           smem["a"].at[wg] if ops.interpret else None)
         plgpu.barrier_arrive(bars["free"].at[slot])
         return m_new, denom, acc
 
     def drain(j, carry):
+        turns.skip()
         release(bars, _streams(cfg, ops), lax.rem(j - lo, jnp.int32(s)),
                 {name: pred(j) for name, pred in when.items()})
         return carry
@@ -347,9 +355,11 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     # Causal: the first warpgroup's rows end a block earlier than the CTA's (block_k = 64).
     own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
     # k blocks before (q0 + 1) // block_k end at or before the rows' first query
+    turns.start()
     m, denom, acc = _causal_split(cfg, lambda diag: functools.partial(step, diag), lo, own_hi,
                                   (q0 + 1) // bk, init)
     lax.fori_loop(own_hi, hi, drain, 0)
+    turns.finish()
     empty = denom == 0.0
     denom = jnp.where(empty, 1.0, denom)
     q_smem[...] = (acc * lax.broadcast_in_dim(1.0 / denom, acc.shape, [0])).astype(dtype)

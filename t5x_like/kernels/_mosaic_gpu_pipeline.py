@@ -51,11 +51,15 @@ class Ops:
             return smem[name + "t"].at[slot]
         return plgpu.transpose_ref(smem[name].at[slot], (1, 0))
 
-    def scores(self, a_smem, bt, n: int) -> jax.Array:
-        """a bᵀ [64, n] f32 from a [64, D] in shared memory and bᵀ [D, n] (`transposed`)."""
+    def scores(self, a_smem, bt, n: int, after_issue: Callable[[], None] | None = None
+               ) -> jax.Array:
+        """a bᵀ [64, n] f32 from a [64, D] in shared memory and bᵀ [D, n] (`transposed`);
+        `after_issue` runs between issuing the wgmma and waiting for its result."""
 
         def run(acc):
             plgpu.wgmma(acc, a_smem, bt)
+            if after_issue is not None:
+                after_issue()
             return acc[...]
 
         return pl.run_scoped(run, plgpu.ACC((ROWS, n), jnp.float32))
@@ -170,10 +174,50 @@ def call_params(ops: Ops) -> dict:
         approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane)}
 
 
-def barriers(own: list[str], streams: list[str], stages: int) -> dict:
+def barriers(own: list[str], streams: list[str], stages: int, schedule: bool = False) -> dict:
     """The barrier set of a CTA: `own_<name>` per compute warpgroup for its own tiles, a "ready"
-    barrier per slot for each stream, and the slots' "free" barriers."""
+    barrier per slot for each stream, the slots' "free" barriers, and with `schedule` the
+    compute warpgroups' ping-pong barrier (`PingPong`)."""
     bars = {f"own_{n}": plgpu.Barrier(num_barriers=COMPUTE_WGS) for n in own}
     bars.update({n: plgpu.Barrier(num_barriers=stages) for n in streams})
     bars["free"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages)
+    if schedule:
+        bars["schedule"] = plgpu.Barrier(num_arrivals=COMPUTE_WGS)
     return bars
+
+
+@dataclasses.dataclass(frozen=True)
+class PingPong:
+    """FA3's ping-pong of the two compute warpgroups on the tensor cores: while one runs its
+    softmax, the other's matmuls run. One barrier both arrive on twice a step (`bars`'s
+    "schedule"): after issuing Q Kᵀ (`issued`: wait there until the other is done with its
+    softmax), and when the softmax is done (`softmax_done`, then `pv_turn` before P·V). The
+    second warpgroup starts a phase behind (`start`), the first catches up at the end
+    (`finish`); a step a warpgroup skips (`release`d) still takes its two phases (`skip`), so
+    both arrive equally often."""
+
+    bars: dict
+    wg: Any
+
+    def _sync(self) -> None:
+        plgpu.barrier_arrive(self.bars["schedule"])
+        plgpu.barrier_wait(self.bars["schedule"])
+
+    def start(self) -> None:
+        pl.when(self.wg == 1)(self._sync)
+
+    def issued(self) -> None:
+        self._sync()
+
+    def softmax_done(self) -> None:
+        plgpu.barrier_arrive(self.bars["schedule"])
+
+    def pv_turn(self) -> None:
+        plgpu.barrier_wait(self.bars["schedule"])
+
+    def skip(self) -> None:
+        self._sync()
+        self._sync()
+
+    def finish(self) -> None:
+        pl.when(self.wg == 0)(self._sync)
