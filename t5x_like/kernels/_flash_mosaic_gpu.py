@@ -23,10 +23,11 @@ Forward, per k block, in base 2 with the scale folded in:
     m' = max(m, rowmax s);  p = 2^(s - m');  l = l · 2^(m - m') + rowsum p
     acc = acc · 2^(m - m') + p v                                      [64, D] f32
 
-and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0,
-lse = 0, as the Triton kernel). dK/dV works with keys as rows (`_dkdv_consumer`), so every
-wgmma takes its register operand untransposed. dQ also yields the T5 table's gradient, as the
-Triton kernel does: the near-diagonal dS tiles stored, the others' row sums per side
+and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0, lse = 0,
+as the Triton kernel). The two warpgroups take turns on the tensor cores (`PingPong`): one's
+softmax runs while the other's matmuls do. dK/dV works with keys as rows (`_dkdv_consumer`), so
+every wgmma takes its register operand untransposed. dQ also yields the T5 table's gradient, as
+the Triton kernel does: the near-diagonal dS tiles stored, the others' row sums per side
 (`_far_tile_sums`), both reduced by bucket in XLA (`gpu_inputs.window_table_gradient`).
 
 The warp-specialised machinery (producer, barriers, what differs in interpret mode) is

@@ -5,7 +5,8 @@ warpgroup. The producer (`produce`) streams per-step tiles by TMA into a ring of
 slots; each stream has a "ready" barrier per slot, and each slot a "free" barrier that every
 compute warpgroup arrives on when done with it (`release` frees a slot unread). `Ops` holds the
 few operations that differ between the compiled kernels and Pallas' GPU interpreter (the CPU
-tests), `call_params` the `plgpu.kernel` keywords of either, `barriers` the barrier set.
+tests), `call_params` the `plgpu.kernel` keywords of either, `barriers` the barrier set,
+`PingPong` the compute warpgroups' turns on the tensor cores (the forward's).
 """
 
 from __future__ import annotations
