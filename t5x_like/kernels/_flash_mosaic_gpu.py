@@ -8,7 +8,7 @@ Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
   T5 bias tile `[128, block_k]` in q's dtype (a slice of the bias band `gpu_inputs.rel_band`
   builds: no bucket math in the loop; not streamed for a tile wholly beyond max_distance,
-  whose bias is one number, `_plus_bias`), the keys' segment ids and prefix flags (dQ: the
+  whose bias is one number, `tiles.plus_bias`), the keys' segment ids and prefix flags (dQ: the
   same). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile, the
   queries' ids and flags.
 
@@ -54,6 +54,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels import _flash_gpu_inputs as gpu_inputs
+from t5x_like.kernels import _mosaic_gpu_tiles as tiles
 from t5x_like.kernels._flash_common import NEG_INF, FlashConfig
 from t5x_like.kernels._mosaic_gpu_pipeline import (
     COMPUTE_WGS,
@@ -117,64 +118,6 @@ def unsupported(cfg: FlashConfig, dtype) -> str | None:
     return None
 
 
-def _causal_end(cfg: FlashConfig, r: dict, b, q0, rows: int) -> jax.Array:
-    """One past the last k block that query rows [q0, q0 + rows) can see under a causal mask:
-    the diagonal's block, or the prefix's last when the rows start inside the prefix."""
-    hi = (q0 + rows - 1) // cfg.block_k + 1
-    if cfg.has_prefix:
-        plen = r["plen"][b]
-        hi = jnp.where(q0 < plen, jnp.maximum(hi, (plen + cfg.block_k - 1) // cfg.block_k), hi)
-    return jnp.minimum(hi, cfg.nk)
-
-
-def _k_range(cfg: FlashConfig, r: dict, b, i) -> tuple[jax.Array, jax.Array]:
-    """[lo, hi) k blocks the CTA of q block i streams: up to the diagonal (or the prefix's end)
-    when causal, within the blocks sharing a segment with it (`gpu_inputs.segment_block_ranges`)."""
-    lo, hi = jnp.int32(0), jnp.int32(cfg.nk)
-    if cfg.causal:
-        hi = _causal_end(cfg, r, b, i * cfg.block_q, cfg.block_q)
-    if cfg.has_seg:
-        lo, hi = r["klo"][b, i], jnp.minimum(hi, r["khi"][b, i])
-    return lo, jnp.maximum(hi, lo)
-
-
-def _bias_varies(cfg: FlashConfig, rows: int, cols: int, q0, k0) -> tuple:
-    """(whether tile [q0, q0 + rows) x [k0, k0 + cols) may hold more than one T5 bucket, whether
-    it lies right of the diagonal): beyond max_distance on one side every offset k - q is in
-    that side's outermost bucket (`gpu_inputs.rel_far`), so such a tile's bias is one number and
-    its band tile is not streamed. Corner arithmetic on the CTA's tile, so the producer and
-    both compute warpgroups agree."""
-    rmin, rmax = common.tile_offset_range(rows, cols, q0, k0)
-    reach = gpu_inputs.window_reach(cfg)
-    return (rmin <= reach) & (rmax >= -reach), rmin > reach
-
-
-def _plus_bias(ops: Ops, r: dict, smem: dict, bars: dict, h, slot, rows, x: jax.Array, varies,
-               right) -> jax.Array:
-    """x + the tile's T5 bias in base 2: the streamed band tile (`rows` of it) where buckets
-    vary, after waiting for it; else head h's outermost bucket on the `right` (or left) of the
-    diagonal, a scalar read per such tile (holding both across the loop spilled the head_dim
-    128 dK/dV kernel)."""
-
-    def band(x):
-        plgpu.barrier_wait(bars["rel"].at[slot])
-        tile = ops.load(smem["rel"].at[slot, rows], plgpu.Layout.WGMMA)
-        return x + tile.astype(jnp.float32) * LOG2E
-
-    def far(x):
-        return x + r["relfar"][h, right.astype(jnp.int32)] * LOG2E
-
-    return band(x) if varies is None else lax.cond(varies, band, far, x)
-
-
-def _rel_smem(stages: int, rows: int, cols: int, dtype) -> plgpu.SMEM:
-    """The band tiles' ring `[stages, rows, cols]` in `dtype`, swizzled for WGMMA-layout loads."""
-    minor = min(cols, 128 // jnp.dtype(dtype).itemsize)
-    return plgpu.SMEM((stages, rows, cols), dtype, transforms=(
-        plgpu.TilingTransform((8, minor)),
-        plgpu.SwizzleTransform(minor * jnp.dtype(dtype).itemsize)))
-
-
 def _streams(cfg: FlashConfig, ops: Ops) -> list[str]:
     """The per-k-block tiles the forward's producer streams."""
     return (["v", "kt" if ops.interpret else "k"] + (["rel"] if cfg.has_rel else [])
@@ -193,7 +136,7 @@ def _scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         "lse": plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.float32),
     }
     if cfg.has_rel:
-        smem["rel"] = _rel_smem(s, BLOCK_Q, bk, dtype)
+        smem["rel"] = tiles.rel_smem(s, BLOCK_Q, bk, dtype)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
         smem["kseg"] = plgpu.SMEM((s, bk), jnp.int32)
@@ -230,74 +173,8 @@ def _fwd_when(cfg: FlashConfig, i) -> dict:
     k block j where the CTA's tile may hold more than one bucket."""
     if not cfg.has_rel:
         return {}
-    return {"rel": lambda j: _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q,
-                                          j * cfg.block_k)[0]}
-
-
-def _query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
-    """The warpgroup's query segment ids and prefix flags as [64] row vectors (None if absent),
-    broadcast to the tile inside the loop: a [64, block_k] int tile held across the loop would
-    cost 32 registers a thread."""
-    layout = plgpu.Layout.WGMMA.reduce(1)
-    return (ops.load(smem["qseg"].at[wg], layout) if cfg.has_seg else None,
-            ops.load(smem["pq"].at[wg], layout) if cfg.has_prefix else None)
-
-
-def _query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, slot, wg,
-                      q_smem, h, i, k0, qseg, pq, diagonal: bool = True,
-                      after_issue=None) -> jax.Array:
-    """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
-    against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf
-    (`diagonal`: as `_masked`'s; `after_issue`: as `Ops.scores`')."""
-    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k,
-                   after_issue) * (cfg.sm_scale * LOG2E)
-    if cfg.has_rel:
-        varies, right = _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
-        x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
-    return _masked(cfg, ops, smem, slot, x, i * cfg.block_q + wg * ROWS, k0, qseg, pq,
-                   diagonal=diagonal)
-
-
-def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, own_seg,
-            own_prefix, keys_as_rows: bool = False, diagonal: bool = True) -> jax.Array:
-    """`x` [64, n] with the disallowed (query, key) pairs at -inf. Rows are the warpgroup's own
-    queries from q0 (their segment / prefix row vectors given), columns the slot's keys from
-    k0 (their vectors streamed); with `keys_as_rows`, dK/dV's transposed frame: rows are keys
-    from k0, columns the slot's queries from q0. `diagonal=False`: the tile lies wholly below
-    the causal diagonal (every key at or before every query), so the causal test is skipped."""
-    shape = x.shape
-    rows_of = lambda v: lax.broadcast_in_dim(v, shape, [0])  # noqa: E731
-    cols = lambda name: lax.broadcast_in_dim(  # noqa: E731
-        ops.load(smem[name].at[slot], plgpu.Layout.WGMMA.reduce(0)), shape, [1])
-    seg_name, prefix_name = ("qseg", "pq") if keys_as_rows else ("kseg", "pk")
-    q_dim, k_dim = (1, 0) if keys_as_rows else (0, 1)
-    allowed = None
-    if cfg.has_seg:  # equal ids, not padding (equal ids: one side's check is enough)
-        seg = cols(seg_name)
-        allowed = (rows_of(own_seg) == seg) & (seg != 0)
-    causal = cfg.causal and diagonal
-    if causal or cfg.kv_pad_mask:
-        k_idx = ops.iota(shape, k_dim) + k0
-    if causal:
-        visible = k_idx <= ops.iota(shape, q_dim) + q0
-        if cfg.has_prefix:
-            visible = visible | ((rows_of(own_prefix) != 0) & (cols(prefix_name) != 0))
-        allowed = visible if allowed is None else allowed & visible
-    if cfg.kv_pad_mask:
-        allowed = (k_idx < cfg.lk) if allowed is None else allowed & (k_idx < cfg.lk)
-    return x if allowed is None else jnp.where(allowed, x, NEG_INF)
-
-
-def _causal_split(cfg: FlashConfig, body, lo, hi, split, carry, diagonal_first: bool = False):
-    """`fori_loop` over [lo, hi) of `body(diagonal)`: under a causal mask only the steps whose
-    tiles the diagonal crosses, [split, hi) (or [lo, split) with `diagonal_first`: dK/dV, keys
-    as rows), apply the causal test; the others lie wholly below it and skip the test's iota,
-    compare and select (FA3's split)."""
-    if not cfg.causal:
-        return lax.fori_loop(lo, hi, body(False), carry)
-    split = jnp.clip(split, lo, hi)
-    carry = lax.fori_loop(lo, split, body(diagonal_first), carry)
-    return lax.fori_loop(split, hi, body(not diagonal_first), carry)
+    return {"rel": lambda j: tiles.bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q,
+                                               j * cfg.block_k)[0]}
 
 
 def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg, ops: Ops):
@@ -316,7 +193,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     load_own(smem, bars, own, wg)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
-    qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
+    qseg, pq = tiles.query_row_vectors(cfg, ops, smem, wg)
     q_smem = smem["q"].at[wg]
     when = _fwd_when(cfg, i)
     turns = PingPong(bars, wg)
@@ -325,10 +202,10 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         m, denom, acc = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in _streams(cfg, ops):
-            if name not in ("v", "rel"):  # v before P·V, the band tile in `_plus_bias`
+            if name not in ("v", "rel"):  # v before P·V, the band tile in `tiles.plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk, qseg, pq,
-                              diagonal, after_issue=turns.issued)
+        x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk,
+                                   qseg, pq, diagonal, after_issue=turns.issued)
         m_new = jnp.maximum(m, x.max(axis=1))
         m_use = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with no allowed key yet
         alpha = jnp.exp2(m - m_use)
@@ -354,11 +231,11 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
             ops.layout(jnp.zeros((ROWS,), jnp.float32), row_layout),
             ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA))
     # Causal: the first warpgroup's rows end a block earlier than the CTA's (block_k = 64).
-    own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
+    own_hi = jnp.clip(tiles.causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
     # k blocks before (q0 + 1) // block_k end at or before the rows' first query
     turns.start()
-    m, denom, acc = _causal_split(cfg, lambda diag: functools.partial(step, diag), lo, own_hi,
-                                  (q0 + 1) // bk, init)
+    m, denom, acc = tiles.causal_split(cfg, lambda diag: functools.partial(step, diag), lo,
+                                       own_hi, (q0 + 1) // bk, init)
     lax.fori_loop(own_hi, hi, drain, 0)
     turns.finish()
     empty = denom == 0.0
@@ -416,7 +293,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
     batch = q.shape[0]
     outs = {"o": jax.ShapeDtypeStruct(q.shape, q.dtype),
             "lse": jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)}
-    return _launch(cfg, ops, args, outs, "q", "fwd", _k_range, _consumer, _fwd_sources,
+    return _launch(cfg, ops, args, outs, "q", "fwd", tiles.k_range, _consumer, _fwd_sources,
                    _scratch, _fwd_when)
 
 
@@ -430,26 +307,6 @@ def _dkdv_cfg(cfg: FlashConfig) -> FlashConfig:
     with 64 rows the prefix-LM variants spilled)."""
     return dataclasses.replace(cfg, block_q=64 if cfg.head_dim_pad <= 64 else 32,
                                block_k=DKDV_KEYS)
-
-
-def _q_range(cfg: FlashConfig, r: dict, b, j) -> tuple[jax.Array, jax.Array]:
-    """[lo, hi) q blocks the dK/dV CTA of k block j streams: from the first whose rows see its
-    keys when causal (0 when its keys start inside a prefix), within the blocks sharing a
-    segment with it."""
-    lo, hi = jnp.int32(0), jnp.int32(cfg.nq)
-    if cfg.causal:
-        lo = _causal_start(cfg, r, b, j * cfg.block_k)
-    if cfg.has_seg:
-        lo, hi = jnp.maximum(lo, r["qlo"][b, j]), r["qhi"][b, j]
-    return lo, jnp.maximum(hi, lo)
-
-
-def _causal_start(cfg: FlashConfig, r: dict, b, k0) -> jax.Array:
-    """First q block whose rows can see key k0 under a causal mask (0 inside the prefix)."""
-    lo = k0 // cfg.block_q
-    if cfg.has_prefix:
-        lo = jnp.where(k0 < r["plen"][b], 0, lo)
-    return lo
 
 
 def _dkdv_streams(cfg: FlashConfig, ops: Ops) -> list[str]:
@@ -475,7 +332,7 @@ def _dkdv_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
         smem["dot"] = plgpu.SMEM((s, d, bq), dtype)
         smem["a"] = plgpu.SMEM((COMPUTE_WGS, ROWS, bq), dtype)
     if cfg.has_rel:
-        smem["rel"] = _rel_smem(s, DKDV_KEYS, bq, dtype)
+        smem["rel"] = tiles.rel_smem(s, DKDV_KEYS, bq, dtype)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((s, bq), jnp.int32)
         smem["kseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
@@ -498,8 +355,8 @@ def _dkdv_when(cfg: FlashConfig, j) -> dict:
     the CTA's tile (its 128 keys against the block's queries) may hold more than one bucket."""
     if not _dkdv_skips_far(cfg):
         return {}
-    return {"rel": lambda i: _bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q,
-                                          j * cfg.block_k)[0]}
+    return {"rel": lambda i: tiles.bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q,
+                                               j * cfg.block_k)[0]}
 
 
 def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, lo, hi, wg,
@@ -539,11 +396,12 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
                 plgpu.barrier_wait(bars[name].at[slot])
         x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq) * scale
         if cfg.has_rel:
-            varies, right = _bias_varies(cfg, bq, cfg.block_k, i * bq, j * cfg.block_k)
+            varies, right = tiles.bias_varies(cfg, bq, cfg.block_k, i * bq, j * cfg.block_k)
             varies = varies if _dkdv_skips_far(cfg) else None
-            x = _plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
-        x = _masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True,
-                    diagonal=diagonal)
+            x = tiles.plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies,
+                                right)
+        x = tiles.masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True,
+                         diagonal=diagonal)
         p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout) * LOG2E))
         for name in ("do", "dot", "delta"):
             if name in streams:
@@ -562,11 +420,12 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
 
     zeros = ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA)
     # Causal: the second warpgroup's keys start a q block later than the CTA's.
-    own_lo = jnp.clip(_causal_start(cfg, r, b, k0), lo, hi) if cfg.causal else lo
+    own_lo = jnp.clip(tiles.causal_start(cfg, r, b, k0), lo, hi) if cfg.causal else lo
     lax.fori_loop(lo, own_lo, drain, 0)
     # q blocks from ceil((k0 + 63) / bq) start at or after the warpgroup's last key
-    dk, dv = _causal_split(cfg, lambda diag: functools.partial(step, diag), own_lo, hi,
-                           (k0 + ROWS - 1 + bq - 1) // bq, (zeros, zeros), diagonal_first=True)
+    dk, dv = tiles.causal_split(cfg, lambda diag: functools.partial(step, diag), own_lo, hi,
+                                (k0 + ROWS - 1 + bq - 1) // bq, (zeros, zeros),
+                                diagonal_first=True)
     dk = dk * cfg.sm_scale if cfg.sm_scale != 1.0 else dk
     r["dk"].at[b, keys, h][...] = dk.astype(r["dk"].dtype)
     r["dv"].at[b, keys, h][...] = dv.astype(r["dv"].dtype)
@@ -610,8 +469,8 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
     out_dtype = common.grad_dtypes(cfg, q.dtype)[1] if cfg.head_dim_pad <= 64 else jnp.float32
     per_head = jax.ShapeDtypeStruct((q.shape[0], cfg.lk_pad, cfg.num_heads, cfg.head_dim_pad),
                                     out_dtype)
-    return _launch(cfg, ops, args, {"dk": per_head, "dv": per_head}, "k", "bwd_dkdv", _q_range,
-                   _dkdv_consumer, _dkdv_sources, _dkdv_scratch, _dkdv_when)
+    return _launch(cfg, ops, args, {"dk": per_head, "dv": per_head}, "k", "bwd_dkdv",
+                   tiles.q_range, _dkdv_consumer, _dkdv_sources, _dkdv_scratch, _dkdv_when)
 
 
 # ---- backward: dQ (+ the T5 table's gradient) --------------------------------------------------
@@ -647,7 +506,7 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     else:
         smem["v"] = plgpu.SMEM((s, bk, d), dtype, transforms=tiled)
     if cfg.has_rel:
-        smem["rel"] = _rel_smem(s, BLOCK_Q, bk, dtype)
+        smem["rel"] = tiles.rel_smem(s, BLOCK_Q, bk, dtype)
         smem["far"] = plgpu.SMEM((COMPUTE_WGS, 2, ROWS), jnp.float32)
     if cfg.has_seg:
         smem["qseg"] = plgpu.SMEM((COMPUTE_WGS, ROWS), jnp.int32)
@@ -695,7 +554,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     load_own(smem, bars, own, wg)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_of = lambda x: lax.broadcast_in_dim(x, (ROWS, bk), [0])  # noqa: E731
-    qseg, pq = _query_row_vectors(cfg, ops, smem, wg)
+    qseg, pq = tiles.query_row_vectors(cfg, ops, smem, wg)
     lse2 = ops.load(smem["lse"].at[wg], row_layout) * LOG2E
     delta = ops.load(smem["delta"].at[wg], row_layout)
     a_smem = smem["a"].at[wg] if ops.interpret else None
@@ -711,10 +570,10 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         dq, far = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in streams:
-            if name != "rel":  # the band tile in `_plus_bias`
+            if name != "rel":  # the band tile in `tiles.plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = _query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i, j * bk,
-                              qseg, pq, diagonal)
+        x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i,
+                                   j * bk, qseg, pq, diagonal)
         p = jnp.exp2(x - rows_of(lse2))
         dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
         ds = p * (dp - rows_of(delta))
@@ -740,9 +599,9 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
                                  plgpu.Layout.WGMMA)
     row_zeros = lambda: ops.layout(jnp.zeros((ROWS,), jnp.float32), row_layout)  # noqa: E731
     init = (zeros(d), (row_zeros(), row_zeros()) if cfg.has_rel else None)
-    own_hi = jnp.clip(_causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
-    dq, far = _causal_split(cfg, lambda diag: functools.partial(step, diag), lo, own_hi,
-                            (q0 + 1) // bk, init)
+    own_hi = jnp.clip(tiles.causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
+    dq, far = tiles.causal_split(cfg, lambda diag: functools.partial(step, diag), lo, own_hi,
+                                 (q0 + 1) // bk, init)
     lax.fori_loop(own_hi, hi, drain, 0)
     if cfg.has_rel:  # window tiles these rows skip (causal, segments) read as zeros
 
@@ -803,7 +662,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
         outs["dsband"] = jax.ShapeDtypeStruct(
             (q.shape[0], cfg.num_heads, cfg.nq, cfg.block_q,
              gpu_inputs.near_window(cfg) * cfg.block_k), q.dtype)
-    res = _launch(cfg, ops, args, outs, "q", "bwd_dq", _k_range, _dq_consumer, _dq_sources,
+    res = _launch(cfg, ops, args, outs, "q", "bwd_dq", tiles.k_range, _dq_consumer, _dq_sources,
                   _dq_scratch, _fwd_when)
     if not cfg.has_rel:
         return res[0], None

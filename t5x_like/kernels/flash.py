@@ -7,8 +7,9 @@ kernels into `jax.custom_vjp`:
 - `backend='triton'`: `_flash_triton.py` (Pallas on Triton, GPU; CPU runs it with `interpret=True`).
 - `backend='mosaic_gpu'`: `_flash_mosaic_gpu.py`, Hopper (sm_90a) kernels in Pallas on Mosaic GPU
   (warp-specialised, TMA + wgmma; bf16, head_dim 64/128, no dense bias): forward, dK/dV and
-  dQ (with the T5 table's gradient); CPU runs them in Pallas' GPU interpreter. Opt-in until a
-  GPU measures it.
+  dQ (with the T5 table's gradient), one tile's bounds, mask and bias in `_mosaic_gpu_tiles.py`,
+  the producer, barriers and ping-pong in `_mosaic_gpu_pipeline.py`; CPU runs them in Pallas'
+  GPU interpreter. Opt-in until a train step with them is measured.
 - `backend='mosaic_tpu'`: `_flash_tpu.py` (Pallas Mosaic TPU; CPU runs it in TPU interpret mode).
 - `backend='auto'`: triton on GPU and CPU, mosaic_tpu on TPU.
 
