@@ -232,8 +232,8 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
             ops.layout(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA))
     # Causal: the first warpgroup's rows end a block earlier than the CTA's (block_k = 64).
     own_hi = jnp.clip(tiles.causal_end(cfg, r, b, q0, ROWS), lo, hi) if cfg.causal else hi
-    # k blocks before (q0 + 1) // block_k end at or before the rows' first query
     turns.start()
+    # k blocks before (q0 + 1) // block_k end at or before the rows' first query
     m, denom, acc = tiles.causal_split(cfg, lambda diag: functools.partial(step, diag), lo,
                                        own_hi, (q0 + 1) // bk, init)
     lax.fori_loop(own_hi, hi, drain, 0)
