@@ -71,7 +71,7 @@ from t5x_like.kernels._mosaic_gpu_pipeline import (
 BLOCK_Q = ROWS * COMPUTE_WGS
 HEAD_DIMS = (64, 128)
 BLOCK_KS = (64, 128)
-LOG2E = math.log2(math.e)
+LOG2E = tiles.LOG2E
 LN2 = math.log(2.0)
 SMEM_LIMIT = 232_448  # bytes of shared memory a block may opt into on sm_90
 SMEM_SLACK = 8_192  # what Mosaic adds to `smem_bytes`: barriers, alignment (2.6-3.7 KB seen)
