@@ -12,6 +12,9 @@ kernel's instructions per tile against the plain dQ kernel's whole loop: its loo
 weighted by the share of tiles in their q block's window (`gpu_inputs.near_window`, T5's 32
 buckets, max_distance 128): such a tile stores its dS (2 bytes an element to HBM), another adds
 its row sums (the loop's smaller blocks holding a global store / `shfl.sync`; one runs per tile).
+Per kernel with packed segment ids: the loop's segment test when it sits in a block of its own
+(`gpu.mask_branches`: the kernels branch over it on tiles inside one example), so what such a
+tile's path leaves out.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ def kernel_counts(arch: str, head_dim: int, backend: str, variant: str) -> dict[
 
         counts[short] = {"total": sum(sizes), "loop": max(sizes), "whole_loop": whole,
                          "store_block": branch(is_store),
-                         "row_sum_block": branch(lambda line: line.startswith("shfl.sync"))}
+                         "row_sum_block": branch(lambda line: line.startswith("shfl.sync")),
+                         "mask_branches": list(gpu.mask_branches(ptx, name))}
     return counts
 
 
@@ -104,7 +108,7 @@ def main() -> int:
     t0 = time.time()
     backends = ["triton"] + (["mosaic_gpu"] if args.arch == "sm_90" else [])
     kernels = {f"{b}/{v}": kernel_counts(args.arch, args.head_dim, b, v)
-               for b in backends for v in ("full", "rel")}
+               for b in backends for v in ("full", "rel", "packed")}
     tiles = []
     for backend in backends:
         dq = [name for name in kernels[f"{backend}/rel"] if name.startswith("bwd_dq")][0]
@@ -148,6 +152,19 @@ def markdown(r: dict) -> str:
         for name, k in kernels.items():
             lines.append(f"| {key} | {name} | {k['total']:,} | {k['loop']:,} | "
                          f"{k['whole_loop']:,} |")
+    lines += [
+        "", "Packed segment ids: the whole loop, and the segment test (two compares and a select "
+        "a score) where it sits in a block of its own, which a tile inside one example branches "
+        "over (0: inline, run on every tile).", "",
+        "| backend | kernel | whole loop | segment test | one example's tile | left out |",
+        "|---|---|---|---|---|---|"]
+    for key, kernels in r["kernels"].items():
+        if not key.endswith("/packed"):
+            continue
+        for name, k in kernels.items():
+            test = k["mask_branches"][0] - k["mask_branches"][1]
+            lines.append(f"| {key.split('/')[0]} | {name} | {k['whole_loop']:,} | {test:,} | "
+                         f"{k['whole_loop'] - test:,} | {100 * test / k['whole_loop']:.0f}% |")
     lines += [
         "", "T5-table dQ kernels, instructions per tile (predicted; T5's 32 buckets, "
         "max_distance 128): the loop with the store of a window tile's dS (2 bytes an element "

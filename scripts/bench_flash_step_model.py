@@ -118,7 +118,7 @@ def current_step(aot_json: str | None) -> dict:
         return json.loads(pathlib.Path(path).read_text())["steps"]["train"]
 
 
-def build(loan: dict, now: dict, check: dict | None = None) -> dict:
+def build(loan: dict, now: dict, check: dict | None = None, kept: dict | None = None) -> dict:
     """Fit, leave-one-out, loan step check and the current prediction, as one result; `check`:
     a later loan's `base:128:pallas` profile, each current kernel's prediction against it."""
     kernels = [flash_time.FlashKernel(**k) for k in loan["kernels"]]
@@ -143,7 +143,7 @@ def build(loan: dict, now: dict, check: dict | None = None) -> dict:
                  "measured_attention_ms": sum(measured.values())}
     summary = flash_time.step_summary(
         [flash_time.FlashKernel(**{f.name: k[f.name] for f in
-                                   dataclasses.fields(flash_time.FlashKernel)})
+                                   dataclasses.fields(flash_time.FlashKernel) if f.name in k})
          for k in now["flash_model"]["kernels"]], now["step_model"], SEGMENTS, fit)
     by_kernel = {k["kernel"]: k for k in summary["kernels"]}
     for row in rows:  # the same launch site now (XLA numbers the kernels in the same order)
@@ -157,6 +157,8 @@ def build(loan: dict, now: dict, check: dict | None = None) -> dict:
             "kernel_ms_per_step"], "kernels": [
             {"kernel": k["kernel"], "site": k["site"], "predicted_ms": k["ms"],
              "measured_ms": seen.get(k["kernel"])} for k in summary["kernels"]]}
+    elif kept:  # a check made before: its predictions were that code's, so they stay
+        out["check"] = kept
     return out
 
 
@@ -245,12 +247,14 @@ def main() -> int:
     out = pathlib.Path(args.out)
     loan = (loan_inputs(args.loan_worktree, args.loan_profile, args.loan_hlo_tar)
             if args.loan_worktree else json.loads(COMMITTED.read_text())["loan"])
-    check = None
+    check, kept = None, None
+    if COMMITTED.exists():  # without --check_profile, the committed check stays as it was
+        kept = json.loads(COMMITTED.read_text()).get("check")
     if args.check_profile:
         later = json.loads(pathlib.Path(args.check_profile).read_text())
         check = {"name": f"{later['device']}, {later['date_utc']} UTC",
                  "profile": later["profiles"]["base:128:pallas"]["profile"]}
-    result = build(loan, current_step(args.aot_json), check)
+    result = build(loan, current_step(args.aot_json), check, kept)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

@@ -14,8 +14,10 @@ compiler emitted and the grid it launches:
 - `trips`: k (or q) blocks one CTA's loop visits, from the kernel's own loop bounds
   (`segment_block_ranges`, the causal limit) on a packed layout of equal segments per row.
 - `loop`: the PTX instructions of one iteration (`gpu.loop_instructions`), issued by every warp on
-  4 schedulers; `issue_multiple` is how many cycles an instruction takes with two warps per
-  scheduler and the tile's dependent chain (latency-bound, not issue-bound).
+  4 schedulers; where the mask is two branches (`gpu.mask_branches`: with the segment test, and
+  without it for the tiles inside one packed example), less the branch a tile does not take;
+  `issue_multiple` is how many cycles an instruction takes with two warps per scheduler and the
+  tile's dependent chain (latency-bound, not issue-bound).
 
 The two constants are fitted by least squares on the second H100 loan's per-kernel profile
 (`benchmarks/h100/gpu_step.json`, jax 0.11.2) against the kernels of the code that loan ran,
@@ -56,11 +58,22 @@ class FlashKernel:
     trips: float  # loop iterations per CTA, averaged over the grid
     loop_instructions: int
     warps: int
+    # of loop_instructions, the two mask branches (`gpu.mask_branches`): with the segment test,
+    # and without it, taken by the tiles inside one packed example (`one_segment_share`)
+    segment_branch: int = 0
+    one_segment_branch: int = 0
+    one_segment_share: float = 0.0
+
+    def issued_per_trip(self) -> float:
+        """Instructions one tile issues: the loop but the mask branch it does not take."""
+        share = self.one_segment_share
+        return (self.loop_instructions - share * self.segment_branch
+                - (1 - share) * self.one_segment_branch)
 
     def features(self) -> tuple[float, float]:
         """(CTA waves, issued instruction-cycles per SM scheduler) of the whole step."""
         waves = self.calls * self.ctas / H100_SMS
-        return waves, waves * self.trips * self.loop_instructions * self.warps / SCHEDULERS
+        return waves, waves * self.trips * self.issued_per_trip() * self.warps / SCHEDULERS
 
     def ms(self, fit: Mapping[str, float] = H100_FIT) -> float:
         """Predicted milliseconds per step."""
@@ -78,11 +91,13 @@ def fit(kernels: Sequence[FlashKernel], measured_ms: Sequence[float]) -> dict[st
     return {"cycles_per_cta": float(c0), "issue_multiple": float(mult)}
 
 
-def loop_trips(kind: str, causal: bool, lq: int, lk: int, block_q: int, block_k: int,
-               segments: int = 1) -> float:
-    """Mean loop iterations per CTA of one flash kernel, from the kernels' loop bounds: rows
-    `[0, lq)` and keys `[0, lk)` each cut into `segments` equal packed segments (1: unpacked),
-    causal skipping by `_flash_common.causal_k_blocks` / `causal_first_q_block`."""
+def _visited_tiles(kind: str, causal: bool, lq: int, lk: int, block_q: int, block_k: int,
+                   segments: int) -> tuple[list[list[tuple[int, int]]], Any, Any]:
+    """Per CTA of one flash kernel, the (q block, k block) tiles its loop visits, from the
+    kernels' loop bounds on rows `[0, lq)` and keys `[0, lk)` each cut into `segments` equal
+    packed segments (1: unpacked), causal skipping by `_flash_common.causal_k_blocks` /
+    `causal_first_q_block`; with each q block's and k block's single segment id
+    (`_flash_gpu_inputs.single_segment_blocks`)."""
     import types
 
     import jax.numpy as jnp
@@ -95,20 +110,40 @@ def loop_trips(kind: str, causal: bool, lq: int, lk: int, block_q: int, block_k:
                                 nk=lk // block_k, has_prefix=False)
     ids = lambda n: jnp.asarray([[1 + i * segments // n for i in range(n)]], jnp.int32)  # noqa: E731
     r = _flash_gpu_inputs.segment_block_ranges(cfg, ids(lq), ids(lk))
-    trips = []
+    ctas = []
     if kind == "dkdv":  # a CTA owns a k block and loops over q blocks
         for j in range(cfg.nk):
             lo, hi = int(r["qlo"][0, j]), int(r["qhi"][0, j])
             if causal:
                 lo = max(lo, int(_flash_common.causal_first_q_block(cfg, j * block_k, None)))
-            trips.append(max(hi - lo, 0))
+            ctas.append([(i, j) for i in range(lo, hi)])
     else:  # fwd / dq: a CTA owns a q block and loops over k blocks
         for i in range(cfg.nq):
             lo, hi = int(r["klo"][0, i]), int(r["khi"][0, i])
             if causal:
                 hi = min(hi, int(_flash_common.causal_k_blocks(cfg, i * block_q, None)))
-            trips.append(max(hi - lo, 0))
-    return sum(trips) / len(trips)
+            ctas.append([(i, j) for j in range(lo, hi)])
+    qone = _flash_gpu_inputs.single_segment_blocks(ids(lq), block_q, -1)[0]
+    kone = _flash_gpu_inputs.single_segment_blocks(ids(lk), block_k, -2)[0]
+    return ctas, qone, kone
+
+
+def loop_trips(kind: str, causal: bool, lq: int, lk: int, block_q: int, block_k: int,
+               segments: int = 1) -> float:
+    """Mean loop iterations per CTA of one flash kernel (`_visited_tiles`' layout and bounds)."""
+    ctas, _, _ = _visited_tiles(kind, causal, lq, lk, block_q, block_k, segments)
+    return sum(map(len, ctas)) / len(ctas)
+
+
+def one_segment_share(kind: str, causal: bool, lq: int, lk: int, block_q: int, block_k: int,
+                      segments: int = 1) -> float:
+    """Share of the visited tiles (`_visited_tiles`) whose q block and k block hold one segment
+    id between them: those skip the segment test. 0 unpacked (no segment ids, no test)."""
+    if segments <= 1:
+        return 0.0
+    ctas, qone, kone = _visited_tiles(kind, causal, lq, lk, block_q, block_k, segments)
+    tiles = [t for cta in ctas for t in cta]
+    return sum(int(qone[i]) == int(kone[j]) for i, j in tiles) / max(len(tiles), 1)
 
 
 def hlo_kernel_names(dump_dir: str) -> dict[str, str]:
@@ -155,6 +190,7 @@ def step_kernels(text: str, dump_dir: str, kernel_report: Mapping[str, Mapping[s
         name = re.search(r'op_name="([^"]*)"', inst.attrs)
         site = re.sub(r"layers_\d+", "layers_*", name.group(1) if name else "")
         site = site.rsplit("/t5x_like_flash_", 1)[0]
+        site = re.sub(r"/jit\((?:forward|backward)\)$", "", site)  # `flash._jitted`'s scope
         operands = [shapes.get(n, "") for n in re.findall(r"%([\w.\-]+)", inst.operands)]
         q, k = (roofline.array_shapes(shape)[0][1] for shape in operands[:2])
         grid = [int(g) for g in re.findall(r"grid_[xyz] = (\d+)", inst.attrs)]
@@ -173,7 +209,10 @@ def step_kernels(text: str, dump_dir: str, kernel_report: Mapping[str, Mapping[s
                 kernel=kernel, kind=kind, site=site, calls=0, ctas=math.prod(grid),
                 trips=loop_trips(kind, causal, q[1], k[1], bq, bk, segments),
                 loop_instructions=int(info["loop_instructions"]),
-                warps=int(info.get("threads", 32 * 8)) // 32)
+                warps=int(info.get("threads", 32 * 8)) // 32,
+                segment_branch=int(info.get("mask_branches", (0, 0))[0]),
+                one_segment_branch=int(info.get("mask_branches", (0, 0))[1]),
+                one_segment_share=one_segment_share(kind, causal, q[1], k[1], bq, bk, segments))
         sites[key].calls += counts.get(op, 1)
     return sorted(sites.values(), key=lambda s: (s.site, s.kind))
 
@@ -203,7 +242,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
              f"{summary['attention_ms']:.1f} ms (roofline {summary['roofline_attention_ms']:.1f}), "
              f"step {summary['predicted_ms']:.1f} ms{mfu} (predicted, per device)"]
     for k in sorted(summary["kernels"], key=lambda k: -k["ms"]):
+        issued = FlashKernel(**{f.name: k[f.name] for f in dataclasses.fields(FlashKernel)
+                                if f.name in k}).issued_per_trip()
+        branch = (f" ({issued:.0f} issued: {100 * k['one_segment_share']:.0f}% of tiles in one "
+                  "example)" if k.get("segment_branch") else "")
         lines.append(f"  {k['ms']:6.2f} ms  {k['kernel']:28s} x{k['calls']:<3d} {k['ctas']} CTAs "
-                     f"x {k['trips']:g} tiles x {k['loop_instructions']} instructions  "
+                     f"x {k['trips']:g} tiles x {k['loop_instructions']} instructions{branch}  "
                      f"{k['site'][-60:]}")
     return "\n".join(lines)

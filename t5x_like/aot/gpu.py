@@ -329,6 +329,7 @@ def report_from_dump(dump_dir: str, target: str, kernel_filter: Callable[[str], 
         k.update(thunks.get(name, {}))
         k.update(ptx_features(ptx))
         k["loop_instructions"] = loop_instructions(ptx, name)
+        k["mask_branches"] = list(mask_branches(ptx, name))
         k["mma"] = "wgmma" if k["wgmma"] else ("mma.sync" if k["mma_sync"] else "-")
         if "registers" in k and "threads" in k:
             smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
@@ -370,6 +371,7 @@ def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dic
             for name, info in parse_ptxas_verbose(ptxas).items():
                 info.update(ptx_features(ptx))
                 info["loop_instructions"] = loop_instructions(ptx, name)
+                info["mask_branches"] = list(mask_branches(ptx, name))
                 info["mma"] = "wgmma" if info["wgmma"] else "-"
                 info["mbarrier"] = len(re.findall(r"\bmbarrier\.", ptx))
                 info["setmaxnreg"] = len(re.findall(r"\bsetmaxnreg\.", ptx))
@@ -472,6 +474,23 @@ def loop_instructions(ptx: str, kernel: str) -> int:
         return sum(len(lines) for _, lines in ptx_loop(ptx, kernel))
     except ValueError:
         return 0
+
+
+def mask_branches(ptx: str, kernel: str) -> tuple[int, int]:
+    """(with the segment test, without it): static PTX instructions of the two branches of a
+    kernel's largest loop that a tile takes one of when its kernel skips the segment test on
+    tiles inside one packed example (`_flash_common.logits_tile`'s /
+    `_mosaic_gpu_tiles.masked`'s one_segment): the loop's blocks under half its size holding a
+    select to -inf, the largest being the full mask, the rest the mask without segments (a
+    causal test; none without one). (0, 0) when the mask is inline, run on every tile."""
+    try:
+        loop = ptx_loop(ptx, kernel)
+    except ValueError:
+        return 0, 0
+    whole = sum(len(lines) for _, lines in loop)
+    sizes = sorted((len(lines) for _, lines in loop if len(lines) < whole / 2 and any(
+        line.startswith("selp") and "0fFF800000" in line for line in lines)), reverse=True)
+    return (sizes[0], sum(sizes[1:])) if sizes else (0, 0)
 
 
 def _ptxas_report(ptxas: str, target: GpuTarget, name: str, ptx: str, work: str) -> dict:

@@ -182,7 +182,7 @@ def logits_tile(
     cfg: FlashConfig, s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, qseg: jax.Array | None,
     kseg: jax.Array | None, pq: jax.Array | None, pk: jax.Array | None,
     table_row: jax.Array | None, bias: jax.Array | None, rel_tile: jax.Array | None = None,
-    unit: float = 1.0,
+    unit: float = 1.0, one_segment: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Scaled scores s [bq, bk] + biases, masked to -inf, times `unit` (log2 e: logits in base 2,
     for `exp2`; folded into the scale and one multiply-add per bias). Returns (logits, bucket
@@ -193,6 +193,10 @@ def logits_tile(
     right after the product, so Triton folds it into the MMA as its accumulator's start (one
     add an element fewer). Otherwise the bias is computed here from `table_row` and the bucket
     ids are returned.
+
+    `one_segment` (traced bool): the tile's queries and keys all hold one segment id
+    (`gpu_inputs.single_segment_blocks`), so the segment test is skipped on it (a branch, not
+    two compares and a select a score).
     """
     scale = cfg.sm_scale * unit
     if cfg.has_rel and rel_tile is not None:
@@ -205,9 +209,16 @@ def logits_tile(
         s = s + with_unit(rel_bias_tile(cfg, bucket, table_row))
     if cfg.has_bias:
         s = s + with_unit(bias.astype(jnp.float32))
-    mask = tile_mask(cfg, q_idx, k_idx, qseg, kseg, pq, pk)
-    if mask is not None:
-        s = jnp.where(mask, s, NEG_INF)
+
+    def masked(s: jax.Array, segments: bool) -> jax.Array:
+        mask = tile_mask(cfg, q_idx, k_idx, qseg if segments else None,
+                         kseg if segments else None, pq, pk)
+        return s if mask is None else jnp.where(mask, s, NEG_INF)
+
+    if cfg.has_seg and one_segment is not None:
+        s = jax.lax.cond(one_segment, lambda s: masked(s, False), lambda s: masked(s, True), s)
+    else:
+        s = masked(s, True)
     return s, bucket
 
 

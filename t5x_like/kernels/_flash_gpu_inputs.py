@@ -165,14 +165,29 @@ def rel_band_keys_as_rows(cfg: FlashConfig, table: jax.Array, rows: int,
     return jnp.take(table.astype(jnp.float32), bucket.reshape(rows, width), axis=1).astype(dtype)
 
 
-def side_args(cfg: FlashConfig, side: dict, bounds: tuple[str, str]) -> dict:
+def single_segment_blocks(seg: jax.Array, block: int, none: int) -> jax.Array:
+    """`[B, L // block]` int32: the segment id every position of a block of `seg` [B, L]
+    shares, or `none` (negative) where they differ or one is padding (id 0). A tile whose
+    query block and key block hold the same id needs no segment mask."""
+    blocks = seg.reshape(seg.shape[0], -1, block)
+    lo, hi = jnp.min(blocks, axis=2), jnp.max(blocks, axis=2)
+    return jnp.where((lo == hi) & (lo != 0), lo, none).astype(jnp.int32)
+
+
+def side_args(cfg: FlashConfig, side: dict, bounds: tuple[str, str],
+              blocks: tuple[int, int] | None = None) -> dict:
     """A Hopper kernel's side inputs: segment ids with the per-block loop bounds it takes
-    (("klo", "khi") for the q-block kernels, ("qlo", "qhi") for dK/dV), prefix flags and prefix
+    (("klo", "khi") for the q-block kernels, ("qlo", "qhi") for dK/dV) and, with `blocks` =
+    (query block, key block) of its tiles, each block's single segment id ("qone", "kone",
+    `single_segment_blocks`: -1 / -2 where none, so those never match); prefix flags and prefix
     lengths."""
     args = {}
     if cfg.has_seg:
         ranges = segment_block_ranges(cfg, side["qseg"], side["kseg"])
         args.update(qseg=side["qseg"], kseg=side["kseg"], **{n: ranges[n] for n in bounds})
+        if blocks is not None:
+            args.update(qone=single_segment_blocks(side["qseg"], blocks[0], -1),
+                        kone=single_segment_blocks(side["kseg"], blocks[1], -2))
     if cfg.has_prefix:
         args.update(pq=side["pq"], pk=side["pk"], plen=side["plen"])
     return args

@@ -23,12 +23,15 @@ Forward, per k block, in base 2 with the scale folded in:
     m' = max(m, rowmax s);  p = 2^(s - m');  l = l · 2^(m - m') + rowsum p
     acc = acc · 2^(m - m') + p v                                      [64, D] f32
 
-and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0, lse = 0,
-as the Triton kernel). The two warpgroups take turns on the tensor cores (`PingPong`): one's
-softmax runs while the other's matmuls do. dK/dV works with keys as rows (`_dkdv_consumer`), so
-every wgmma takes its register operand untransposed. dQ also yields the T5 table's gradient, as
-the Triton kernel does: the near-diagonal dS tiles stored, the others' row sums per side
-(`_far_tile_sums`), both reduced by bucket in XLA (`gpu_inputs.window_table_gradient`).
+(without a bias the max is taken over q kᵀ and scaled after, `tiles.unscaled_logits`: one
+FMUL a score fewer), and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no
+allowed key: o = 0, lse = 0, as the Triton kernel). A tile inside one packed example skips
+the segment test (`tiles.masked`). The two warpgroups take turns on the tensor cores
+(`PingPong`): one's softmax runs while the other's matmuls do. dK/dV works with keys as
+rows (`_dkdv_consumer`), so every wgmma takes its register operand untransposed. dQ also
+yields the T5 table's gradient, as the Triton kernel does: the near-diagonal dS tiles
+stored, the others' row sums per side (`_far_tile_sums`), both reduced by bucket in XLA
+(`gpu_inputs.window_table_gradient`).
 
 The warp-specialised machinery (producer, barriers, what differs in interpret mode) is
 `_mosaic_gpu_pipeline`. **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU
@@ -197,6 +200,10 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     q_smem = smem["q"].at[wg]
     when = _fwd_when(cfg, i)
     turns = PingPong(bars, wg)
+    # Without a T5 bias the max is over raw q kᵀ and the scale rides in the exponent's FFMA.
+    raw = tiles.unscaled_logits(cfg)
+    c = tiles.logit_scale(cfg) if raw else 1.0
+    own_id = tiles.row_segment(cfg, r, b, "qone", q0 // ROWS)
 
     def step(diagonal, j, carry):
         m, denom, acc = carry
@@ -205,11 +212,13 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
             if name not in ("v", "rel"):  # v before P·V, the band tile in `tiles.plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk,
-                                   qseg, pq, diagonal, after_issue=turns.issued)
-        m_new = jnp.maximum(m, x.max(axis=1))
+                                   qseg, pq, diagonal, after_issue=turns.issued, scaled=not raw,
+                                   one_segment=None if diagonal and cfg.causal else
+                                   tiles.same_segment(r, b, own_id, "kone", j))
+        m_new = jnp.maximum(m, x.max(axis=1) * c if raw else x.max(axis=1))
         m_use = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with no allowed key yet
         alpha = jnp.exp2(m - m_use)
-        p = jnp.exp2(x - rows_of(m_use))
+        p = jnp.exp2((x * c if raw else x) - rows_of(m_use))
         denom = denom * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         p16 = p.astype(dtype)
@@ -289,7 +298,7 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
     if cfg.has_rel:  # the band in q's dtype: half the bytes of f32 (the bias is bf16 in T5X)
         args["relband"] = gpu_inputs.rel_band(cfg, side["tab"], dtype=q.dtype)
         args["relfar"] = gpu_inputs.rel_far(cfg, side["tab"], q.dtype)
-    args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
+    args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi"), (ROWS, cfg.block_k)))
     batch = q.shape[0]
     outs = {"o": jax.ShapeDtypeStruct(q.shape, q.dtype),
             "lse": jax.ShapeDtypeStruct((batch, cfg.num_heads, cfg.lq_pad), jnp.float32)}
@@ -387,6 +396,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     scale = cfg.sm_scale * LOG2E
     streams = _dkdv_streams(cfg, ops)
     when = _dkdv_when(cfg, j)
+    own_id = tiles.row_segment(cfg, r, b, "kone", k0 // ROWS)
 
     def step(diagonal, i, carry):
         dk, dv = carry
@@ -401,7 +411,8 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
             x = tiles.plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies,
                                 right)
         x = tiles.masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True,
-                         diagonal=diagonal)
+                         diagonal=diagonal,
+                         one_segment=tiles.same_segment(r, b, own_id, "qone", i))
         p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout) * LOG2E))
         for name in ("do", "dot", "delta"):
             if name in streams:
@@ -463,7 +474,7 @@ def _dkdv(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do) -> tuple[jax.Ar
         args["relbandt"] = gpu_inputs.rel_band_keys_as_rows(cfg, side["tab"], DKDV_KEYS,
                                                             dtype=q.dtype)
         args["relfar"] = gpu_inputs.rel_far(cfg, side["tab"], q.dtype)
-    args.update(gpu_inputs.side_args(cfg, side, ("qlo", "qhi")))
+    args.update(gpu_inputs.side_args(cfg, side, ("qlo", "qhi"), (cfg.block_q, ROWS)))
     # At head_dim 128 the two [64, 128] f32 accumulators fill the registers: a cast before the
     # stores spilled (packed prefix LM with a table), so those store f32 and XLA casts.
     out_dtype = common.grad_dtypes(cfg, q.dtype)[1] if cfg.head_dim_pad <= 64 else jnp.float32
@@ -560,6 +571,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     a_smem = smem["a"].at[wg] if ops.interpret else None
     streams = _dq_streams(cfg, ops)
     when = _fwd_when(cfg, i)
+    own_id = tiles.row_segment(cfg, r, b, "qone", q0 // ROWS)
     if cfg.has_rel:  # the q block's window; this warpgroup's rows of its stored dS tiles
         nwin = gpu_inputs.near_window(cfg)
         j0 = gpu_inputs.near_first_block(cfg, i * cfg.block_q)
@@ -573,7 +585,8 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
             if name != "rel":  # the band tile in `tiles.plus_bias`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i,
-                                   j * bk, qseg, pq, diagonal)
+                                   j * bk, qseg, pq, diagonal,
+                                   one_segment=tiles.same_segment(r, b, own_id, "kone", j))
         p = jnp.exp2(x - rows_of(lse2))
         dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
         ds = p * (dp - rows_of(delta))
@@ -654,7 +667,7 @@ def _dq(cfg: FlashConfig, q, k, v, side: dict, lse, delta, do):
     if cfg.has_rel:
         args["relband"] = gpu_inputs.rel_band(cfg, side["tab"], dtype=q.dtype)
         args["relfar"] = gpu_inputs.rel_far(cfg, side["tab"], q.dtype)
-    args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi")))
+    args.update(gpu_inputs.side_args(cfg, side, ("klo", "khi"), (ROWS, cfg.block_k)))
     outs = {"dq": jax.ShapeDtypeStruct(q.shape, common.grad_dtypes(cfg, q.dtype)[0])}
     if cfg.has_rel:
         outs["dfar"] = jax.ShapeDtypeStruct(

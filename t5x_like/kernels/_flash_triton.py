@@ -74,15 +74,31 @@ def _only(names: list[str], *drop: str) -> list[str]:
 def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, list[str]]:
     """Side inputs as the GPU kernels take them: the bucket table becomes the bias band (in the
     scores' units, divided by sm_scale: `common.logits_tile` adds it before scaling), segment
-    ids add per-block loop bounds."""
+    ids add per-block loop bounds and each block's single id (`gpu_inputs.single_segment_blocks`:
+    a tile inside one example skips the segment test)."""
     side = dict(side)
     if cfg.has_rel:
         side["relband"] = gpu_inputs.rel_band(cfg, side.pop("tab"), unit=1.0 / cfg.sm_scale)
         names = [n for n in names if n != "tab"] + ["relband"]
     if cfg.has_seg:
         side.update(gpu_inputs.segment_block_ranges(cfg, side["qseg"], side["kseg"]))
-        names = names + ["klo", "khi", "qlo", "qhi"]
+        side.update(qone=gpu_inputs.single_segment_blocks(side["qseg"], cfg.block_q, -1),
+                    kone=gpu_inputs.single_segment_blocks(side["kseg"], cfg.block_k, -2))
+        names = names + ["klo", "khi", "qlo", "qhi", "qone", "kone"]
     return side, names
+
+
+def _one_segment(cfg: FlashConfig, r: dict, row: str, n):
+    """Whether the program's own block and looped-over block n (of `r[row]`, "kone" or
+    "qone") hold one segment id between them: such a tile skips the segment test. None (test
+    every tile) without segment ids, and where the branch spilled registers: with a dense bias
+    (the sm_90 prefix forward, 28 B), and in dK/dV ("qone" rows) with a T5 table at head_dim
+    128 (sm_80/86/89: 0.4-3.5 KB)."""
+    if not cfg.has_seg or cfg.has_bias or (row == "qone" and cfg.has_rel
+                                            and cfg.head_dim_pad > 64):
+        return None
+    own = r["qone" if row == "kone" else "kone"][...]
+    return own == r[row][n]
 
 
 def _rel_tile(cfg: FlashConfig, r: dict, q0, k0) -> jax.Array:
@@ -123,6 +139,11 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
         specs["qseg"], specs["kseg"] = q_row, k_row
         bound = pl.BlockSpec((None, None), lambda b, h, i: (b, i))  # this program's bounds
         specs.update(dict.fromkeys(("klo", "khi") if by_q_block else ("qlo", "qhi"), bound))
+        # single ids: the program's own block's, the looped-over blocks' whole row
+        own, row = ("qone", "kone") if by_q_block else ("kone", "qone")
+        specs[own] = bound
+        specs[row] = pl.BlockSpec((None, cfg.nk if by_q_block else cfg.nq),
+                                  lambda b, h, i: (b, 0))
     if cfg.has_prefix:
         specs["pq"], specs["pk"] = q_row, k_row
         specs["plen"] = pl.BlockSpec((None,), lambda b, h, i: (b,))
@@ -170,8 +191,9 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
         m, denom, acc = carry
         _, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         rel = _rel_tile(cfg, r, q0, j * cfg.block_k) if cfg.has_rel else None
+        one = _one_segment(cfg, r, "kone", j)
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                                  bias, rel, unit=LOG2E)
+                                  bias, rel, unit=LOG2E, one_segment=one)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == common.NEG_INF, 0.0, m_new)
         alpha = jnp.exp2(m - m_safe)
@@ -241,8 +263,9 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
         lse2 = r["lse"][qs] * LOG2E
         delta = r["delta"][qs]
         rel = _rel_tile(cfg, r, q0, k0) if cfg.has_rel else None
+        one = _one_segment(cfg, r, "qone", i)
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                                  bias, rel, unit=LOG2E)
+                                  bias, rel, unit=LOG2E, one_segment=one)
         p = jnp.exp2(s - lse2[:, None])
         dv = dv + dot(p.astype(do.dtype), do, ta=True)
         dp = dot(do, v, tb=True)
@@ -290,8 +313,9 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         ks, k_idx, kseg, pk, bias, k, v = _k_block_inputs(cfg, r, j)
         k0 = j * cfg.block_k
         rel = _rel_tile(cfg, r, q0, k0) if cfg.has_rel else None
+        one = _one_segment(cfg, r, "kone", j)
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
-                                  bias, rel, unit=LOG2E)
+                                  bias, rel, unit=LOG2E, one_segment=one)
         p = jnp.exp2(s - lse2[:, None])
         ds = p * (dot(do, v, tb=True) - delta[:, None])
         ds_in = ds.astype(k.dtype)

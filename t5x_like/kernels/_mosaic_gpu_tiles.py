@@ -74,13 +74,40 @@ def causal_split(cfg: FlashConfig, body, lo, hi, split, carry, diagonal_first: b
     return lax.fori_loop(split, hi, body(not diagonal_first), carry)
 
 
+def row_segment(cfg: FlashConfig, r: dict, b, name: str, n):
+    """The single segment id of the warpgroup's rows, block n of `r[name]`
+    (`gpu_inputs.single_segment_blocks`), read once before the loop; None without ids."""
+    return r[name][b, n] if cfg.has_seg else None
+
+
+def same_segment(r: dict, b, own, name: str, n):
+    """Whether the rows' single id `own` (`row_segment`) is also every id of the step's column
+    block n of `r[name]`: then the tile needs no segment test. None when `own` is."""
+    return None if own is None else own == r[name][b, n]
+
+
 def masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, own_seg,
-            own_prefix, keys_as_rows: bool = False, diagonal: bool = True) -> jax.Array:
+            own_prefix, keys_as_rows: bool = False, diagonal: bool = True,
+            one_segment=None) -> jax.Array:
     """`x` [64, n] with the disallowed (query, key) pairs at -inf. Rows are the warpgroup's own
     queries from q0 (their segment / prefix row vectors given), columns the slot's keys from
     k0 (their vectors streamed); with `keys_as_rows`, dK/dV's transposed frame: rows are keys
     from k0, columns the slot's queries from q0. `diagonal=False`: the tile lies wholly below
-    the causal diagonal (every key at or before every query), so the causal test is skipped."""
+    the causal diagonal (every key at or before every query), so the causal test is skipped.
+    `one_segment` (traced bool, `same_segment`): where it holds (the tile lies inside one
+    packed example), the segment test is skipped: two compares and a select a score fewer."""
+
+    def mask(segments: bool):
+        return lambda x: _masked(cfg, ops, smem, slot, x, q0, k0, own_seg, own_prefix,
+                                 keys_as_rows, diagonal, segments)
+
+    if cfg.has_seg and one_segment is not None:
+        return lax.cond(one_segment, mask(False), mask(True), x)
+    return mask(cfg.has_seg)(x)
+
+
+def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, own_seg,
+            own_prefix, keys_as_rows: bool, diagonal: bool, segments: bool) -> jax.Array:
     shape = x.shape
     rows_of = lambda v: lax.broadcast_in_dim(v, shape, [0])  # noqa: E731
     cols = lambda name: lax.broadcast_in_dim(  # noqa: E731
@@ -88,7 +115,7 @@ def masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, o
     seg_name, prefix_name = ("qseg", "pq") if keys_as_rows else ("kseg", "pk")
     q_dim, k_dim = (1, 0) if keys_as_rows else (0, 1)
     allowed = None
-    if cfg.has_seg:  # equal ids, not padding (equal ids: one side's check is enough)
+    if segments:  # equal ids, not padding (equal ids: one side's check is enough)
         seg = cols(seg_name)
         allowed = (rows_of(own_seg) == seg) & (seg != 0)
     causal = cfg.causal and diagonal
@@ -150,16 +177,33 @@ def query_row_vectors(cfg: FlashConfig, ops: Ops, smem: dict, wg) -> tuple:
             ops.load(smem["pq"].at[wg], layout) if cfg.has_prefix else None)
 
 
+def logit_scale(cfg: FlashConfig) -> float:
+    """What turns q kᵀ into base-2 logits: scale · log2 e."""
+    return cfg.sm_scale * LOG2E
+
+
+def unscaled_logits(cfg: FlashConfig) -> bool:
+    """Whether the forward can take its row max over q kᵀ as it comes from wgmma and scale the
+    max instead of every score: without a T5 bias (which adds after the scale) and with a
+    positive scale (max(s) · c = max(s · c), rounding included, for c > 0). The scale then
+    rides in the exponent's FFMA, 2^(s · c - m), and the tile's 64 FMULs a thread go."""
+    return not cfg.has_rel and cfg.sm_scale > 0
+
+
 def query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, slot, wg,
                       q_smem, h, i, k0, qseg, pq, diagonal: bool = True,
-                      after_issue=None) -> jax.Array:
+                      after_issue=None, scaled: bool = True, one_segment=None) -> jax.Array:
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
     against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf
-    (`diagonal`: as `masked`'s; `after_issue`: as `Ops.scores`')."""
-    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k,
-                   after_issue) * (cfg.sm_scale * LOG2E)
+    (`diagonal`, `one_segment`: as `masked`'s; `after_issue`: as `Ops.scores`';
+    `scaled=False`: q kᵀ masked, the scale left to the caller, `unscaled_logits`)."""
+    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k, after_issue)
+    if scaled:
+        x = x * logit_scale(cfg)
+    elif cfg.has_rel:
+        raise ValueError("unscaled logits have no T5 bias: it adds after the scale")
     if cfg.has_rel:
         varies, right = bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
         x = plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
     return masked(cfg, ops, smem, slot, x, i * cfg.block_q + wg * ROWS, k0, qseg, pq,
-                   diagonal=diagonal)
+                  diagonal=diagonal, one_segment=one_segment)

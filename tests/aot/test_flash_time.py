@@ -27,6 +27,30 @@ def test_loop_trips_follow_the_kernels_bounds(kind, causal, lq, lk, bq, bk, segm
     assert flash_time.loop_trips(kind, causal, lq, lk, bq, bk, segments) == trips
 
 
+@pytest.mark.parametrize("kind,causal,lq,lk,bq,bk,segments,share", [
+    ("fwd", False, 512, 512, 128, 128, 1, 0.0),  # unpacked: no segment test to skip
+    ("dq", False, 512, 512, 128, 64, 2, 1.0),  # boundary at 256: every visited tile inside one
+    ("dq", False, 512, 512, 128, 64, 3, 4 / 18),  # ids change at 171, 342: q blocks 1, 2 mix
+    ("fwd", True, 512, 512, 128, 128, 2, 1.0),  # causal, 2 segments: 3 visited tiles, all inside
+    ("dkdv", False, 384, 384, 128, 128, 2, 2 / 7),  # the middle block mixes: 2 of 7 clean
+])
+def test_one_segment_share_counts_tiles_inside_one_example(kind, causal, lq, lk, bq, bk,
+                                                           segments, share) -> None:
+    got = flash_time.one_segment_share(kind, causal, lq, lk, bq, bk, segments)
+    assert got == pytest.approx(share)
+
+
+def test_tiles_inside_one_example_issue_the_loop_without_its_segment_test() -> None:
+    plain = flash_time.FlashKernel("k", "dq", "s", calls=12, ctas=6144, trips=4,
+                                   loop_instructions=400, warps=8)
+    # 400 = 260 common + a 100-instruction mask with segments | 40 without (a causal test)
+    skips = flash_time.FlashKernel("k", "dq", "s", calls=12, ctas=6144, trips=4,
+                                   loop_instructions=400, warps=8, segment_branch=100,
+                                   one_segment_branch=40, one_segment_share=0.25)
+    assert skips.issued_per_trip() == pytest.approx(260 + 0.75 * 100 + 0.25 * 40)
+    assert skips.features()[1] == pytest.approx(plain.features()[1] * 345 / 400)
+
+
 def test_loop_trips_need_whole_blocks() -> None:
     with pytest.raises(ValueError, match="not whole"):
         flash_time.loop_trips("fwd", False, 500, 512, 128, 128)
@@ -45,11 +69,13 @@ def test_fit_recovers_the_constants_it_was_made_with() -> None:
 
 
 def _pallas_call(name: str, layer: int) -> str:
-    """One layer's forward flash call as XLA:GPU prints it (grid (2, 4, 4), 8 warps)."""
+    """One layer's forward flash call as XLA:GPU prints it (grid (2, 4, 4), 8 warps), inside
+    `flash._jitted`'s jit(forward) scope."""
     return (f'  %{name} = (bf16[2,512,4,64]{{3,2,1,0}}, f32[2,4,512]{{2,1,0}}) '
             'custom-call(%p0, %p0, %p0, %p1, %p1), custom_call_target="__gpu$xla.gpu.triton", '
             'metadata={op_name="jit(step)/jvp(EncoderDecoder)/encoder/'
-            f'layers_{layer}/attention/t5x_like_flash_fwd/pallas_call"}}, backend_config='
+            f'layers_{layer}/attention/jit(forward)/t5x_like_flash_fwd/pallas_call"}}, '
+            'backend_config='
             '{debug = false, grid_x = 2 : i32, grid_y = 4 : i32, grid_z = 4 : i32, '
             'name = "t5x_like_flash_fwd", num_stages = 2 : i32, num_warps = 8 : i32}\n')
 
@@ -80,19 +106,23 @@ def test_step_kernels_read_an_xla_dump(tmp_path) -> None:
     assert flash_time.hlo_kernel_names(str(tmp_path)) == {
         "loop_add_fusion": "loop_add_fusion", "pallas_call.7": "t5x_like_flash_fwd__1",
         "pallas_call.9": "t5x_like_flash_fwd__1"}
-    report = {"t5x_like_flash_fwd__1": {"loop_instructions": 800, "threads": 256}}
+    report = {"t5x_like_flash_fwd__1": {"loop_instructions": 800, "threads": 256,
+                                        "mask_branches": [200, 0]}}
     (k,) = flash_time.step_kernels(_HLO, str(tmp_path), report, "sm_90", segments=2)
     # two layers' calls of one kernel at one site; q blocks of 512 / 4, k blocks of sm_90's
     # forward default (128): two of the four k blocks share a segment with each q block
     assert (k.kernel, k.kind, k.calls, k.ctas, k.trips, k.loop_instructions, k.warps) == (
         "t5x_like_flash_fwd__1", "fwd", 2, 32, 2, 800, 8)
-    assert k.site.endswith("encoder/layers_*/attention")
+    assert k.site.endswith("encoder/layers_*/attention")  # the jit(forward) scope dropped
+    # two segments on 128-blocks: every visited tile lies inside one, none takes the mask
+    assert (k.one_segment_share, k.issued_per_trip()) == (1.0, 600)
     model = {"predicted_ms": 10.0, "by_kind_ms": {"attention": 1.0},
              "model_flops": 1e12, "device": {"peak_bf16_flops": 1e15}}
     summary = flash_time.step_summary([k], model, 2)
     assert summary["predicted_ms"] == pytest.approx(9.0 + k.ms())
     assert summary["mfu"] == pytest.approx(1e12 / (summary["predicted_ms"] / 1e3) / 1e15)
     assert "fwd__1" in flash_time.format_summary(summary)
+    assert "600 issued" in flash_time.format_summary(summary)
 
 
 def _bench():

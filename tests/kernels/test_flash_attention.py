@@ -38,7 +38,9 @@ class Case:
     hkv: int = 4
     d: int = 32
     causal: bool = False
-    segments: str = "none"  # none | padding | packed | cross | kv_only (encoder padding only)
+    # none | padding | packed | long (two examples, each over many blocks) | cross | kv_only
+    # (encoder padding only)
+    segments: str = "none"
     prefix: bool = False
     rel: str = "none"  # none | bidirectional | causal
     bias: tuple[int, int] | None = None  # (B|1, H|1) of a dense bias
@@ -61,6 +63,10 @@ CASES = [
     Case("rel_far_tiles_packed_bf16", dtype="bfloat16", b=1, lq=128, lk=128, h=2, hkv=2, d=32,
          segments="packed", rel="bidirectional", max_distance=16),
     Case("causal_short_q_bias_rel", lq=24, lk=40, causal=True, rel="causal", bias=(2, 1)),
+    # Two long examples a row: tiles inside one skip the segment test (`logits_tile`'s
+    # one_segment), the tiles across the boundary or the padding keep it.
+    Case("long_segments_causal_rel_bf16", dtype="bfloat16", lq=96, lk=96, hkv=2, d=32,
+         causal=True, segments="long", rel="causal"),
     Case("tpu_prefix_packed_rel_bias", b=1, lq=35, lk=35, h=2, hkv=1, causal=True, prefix=True,
          segments="packed", rel="causal", bias=(1, 2), backend="mosaic_tpu"),
     # The Hopper kernels (forward, dK/dV) under Pallas' GPU interpreter (warpgroups, TMA and
@@ -77,6 +83,10 @@ CASES = [
     # outermost buckets' values added instead) in all three kernels.
     Case("mgpu_rel_far_tiles_packed", dtype="bfloat16", b=1, lq=384, lk=384, h=1, hkv=1, d=64,
          segments="packed", rel="bidirectional", max_distance=16, backend="mosaic_gpu"),
+    # Two long examples a row: tiles inside one (no segment test, `tiles.masked`'s
+    # one_segment) beside tiles across the boundary or the padding, in all three kernels.
+    Case("mgpu_long_segments_rel", dtype="bfloat16", b=2, lq=384, lk=384, h=1, hkv=1, d=64,
+         segments="long", rel="bidirectional", backend="mosaic_gpu"),
     # No table: dQ from the Hopper dQ kernel too.
     Case("mgpu_prefix_lm_packed_mqa", dtype="bfloat16", b=1, lq=150, lk=150, h=2, hkv=1, d=128,
          causal=True, prefix=True, segments="packed", backend="mosaic_gpu"),
@@ -88,6 +98,10 @@ def _segments(rng, b: int, length: int, kind: str, n_segments: int = 3) -> np.nd
     leaves internal padding (a zero run) between segments and trailing padding."""
     out = np.zeros((b, length), np.int32)
     for i in range(b):
+        if kind == "long":  # two examples, the boundary drawn, then a tenth of padding
+            cut = rng.integers(length // 3, 2 * length // 3)
+            out[i, :cut], out[i, cut: length - length // 10] = 1, 2
+            continue
         if kind == "padding":
             out[i, : rng.integers(length // 2, length)] = 1
             continue
@@ -115,7 +129,7 @@ def _make(case: Case, seed: int):
                     rel_max_distance=case.max_distance)
     if case.bias is not None:
         floats["bias"] = jnp.asarray(rnd(*case.bias, case.lq, case.lk), dt)
-    if case.segments in ("padding", "packed"):
+    if case.segments in ("padding", "packed", "long"):
         seg = _segments(rng, case.b, case.lq, case.segments)
         ints.update(q_segment_ids=jnp.asarray(seg), kv_segment_ids=jnp.asarray(seg))
     elif case.segments == "cross":
@@ -172,7 +186,7 @@ def _run_case(case: Case, seed: int) -> dict[str, np.ndarray]:
 def test_matches_f64_reference(case: Case, test_seed: int) -> None:
     seed = test_seed
     ours = _run_case(case, seed)
-    if case.segments in ("padding", "packed"):  # padded query rows: exactly zero out and dq
+    if case.segments in ("padding", "packed", "long"):  # padded query rows: zero out and dq
         _, _, _, ints = _make(case, seed)
         pad = np.asarray(ints["q_segment_ids"]) == 0
         assert pad.any()

@@ -233,6 +233,17 @@ def test_segment_loop_bounds_cover_exactly_the_overlapping_blocks() -> None:
                 assert (lo, hi) == ((hits[0], hits[-1] + 1) if hits else (0, 0))
 
 
+def test_single_segment_blocks_name_the_one_id_or_none() -> None:
+    """A block's id where all its positions share one nonzero id; the sentinel where ids differ
+    or any is padding (0), so such a block never matches the other side's."""
+    seg = jnp.asarray([[1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0],
+                       [3, 3, 3, 3, 0, 3, 3, 3, 4, 4, 4, 4, 0, 0, 0, 0]], jnp.int32)
+    got = np.asarray(_flash_gpu_inputs.single_segment_blocks(seg, 4, -1))
+    np.testing.assert_array_equal(got, [[1, -1, 2, -1], [3, -1, 4, -1]])
+    got = np.asarray(_flash_gpu_inputs.single_segment_blocks(seg, 8, -2))
+    np.testing.assert_array_equal(got, [[-2, -2], [-2, -2]])
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_separate_backward_blocks_match_reference(causal: bool) -> None:
     """Forward blocks (32, 16), backward blocks (16, 32): same values and gradients as XLA."""
