@@ -11,6 +11,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # the tests import). It reads pip's find-links folder where the machine has one (e.g. a CPU build of
 # torch on disk).
 UV_VERSION := 0.13.9
+# nvdisasm for the kernels' SASS (`make check-kernels`), in $(AOT_VENV)/cuda-tools, off sys.path:
+# its wheel's `nvidia.cu13` package would make jax take it for the CUDA root (no ptxas there).
+NVDISASM_VERSION := 13.5.37
 ifneq ($(PIP_FIND_LINKS),)
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 endif
@@ -30,6 +33,9 @@ $(AOT_VENV)/.aot-installed: requirements-aot.txt requirements.txt
 	test -x $(AOT_PY) || $(PYTHON) -m venv $(AOT_VENV)
 	$(call uv_install,$(AOT_PY)) -r requirements-aot.txt
 	$(AOT_PY) -m uv pip install -q --python $(AOT_PY) --no-deps -e .
+	$(AOT_PY) -m uv pip install -q --python $(AOT_PY) --target $(AOT_VENV)/cuda-tools \
+		nvidia-cuda-nvdisasm==$(NVDISASM_VERSION)
+	$(AOT_PY) -c "from t5x_like.aot import gpu; gpu.link_nvdisasm()"
 	touch $@
 
 $(VENV)/.test-installed: requirements-test.txt $(VENV)/.runtime-installed

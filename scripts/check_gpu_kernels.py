@@ -8,7 +8,8 @@ generation in the table and every feature combination the public API reaches,
 (`backend='mosaic_gpu'`: forward, dK/dV and dQ, every variant without a dense bias); prints a table
 and exits 1 naming every kernel that failed to compile, spills registers, exceeds the arch's
 shared memory, or has no cp.async / TMA loads (its k loop is not software-pipelined), and a
-Hopper kernel without wgmma.
+Hopper kernel whose SASS (nvdisasm, `make install-aot` links it) lacks HGMMA or TMA loads
+(UTMALDG) or holds local-memory loads / stores (LDL / STL).
 
     JAX_PLATFORMS=cpu /tmp/aotvenv/bin/python scripts/check_gpu_kernels.py
 """
@@ -73,12 +74,23 @@ def check(arch: str, head_dim: int, variants: list[str], seq_len: int,
                 k = report.get(name, {})
                 bad = gpu.kernel_problems(k, target.smem_per_block_optin)
                 bad += [] if k.get("wgmma") else ["no wgmma"]
+                bad += _sass_problems(k)
                 if bad:
                     failures.append(f"{where} {name}: " + "; ".join(bad))
                 short = name.removeprefix("t5x_like_flash_").removesuffix("_mosaic_gpu_kernel")
                 rows.append((arch, head_dim, variant, short, k, "FAIL" if bad else "ok"))
             print(f"[{time.time() - t0:5.0f}s] {where}", flush=True)
     return rows, failures
+
+
+def _sass_problems(k: dict) -> list[str]:
+    """What a Hopper kernel's SASS should show and does not: tensor-core MMAs (HGMMA), TMA
+    loads (UTMALDG), no local memory (LDL / STL, what spills become)."""
+    if "sass_instructions" not in k:
+        return ["no SASS (nvdisasm beside ptxas: make install-aot)"]
+    return ([] if k["hgmma"] else ["no HGMMA in SASS"]) + (
+        [] if k["utmaldg"] else ["no UTMALDG in SASS"]) + (
+        [f"{k['ldl_stl']} LDL/STL in SASS"] if k["ldl_stl"] else [])
 
 
 def main() -> int:
@@ -109,14 +121,16 @@ def main() -> int:
     rows = [r for rs, _ in done for r in rs]
     failures = [f for _, fs in done for f in fs]
     print("\n| arch | D | variant | kernel | regs | spill st/ld B | smem B | blocks/SM (limit) | "
-          "MMA | cp.async+TMA | status |")
-    print("|---" * 11 + "|")
+          "MMA | cp.async+TMA | SASS: HGMMA / UTMALDG / LDL+STL | status |")
+    print("|---" * 12 + "|")
     for arch, d, variant, name, k, status in rows:
         smem = k.get("dyn_smem_bytes", 0) + k.get("static_smem_bytes", 0)
+        sass = (f"{k['hgmma']} / {k['utmaldg']} / {k['ldl_stl']}" if "sass_instructions" in k
+                else "-")
         print(f"| {arch} | {d} | {variant} | {name} | {k.get('registers')} | "
               f"{k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} | {smem} | "
               f"{k.get('blocks_per_sm')} ({k.get('limited_by')}) | {k.get('mma')} | "
-              f"{k.get('cp_async', 0) + k.get('tma', 0)} | {status} |")
+              f"{k.get('cp_async', 0) + k.get('tma', 0)} | {sass} | {status} |")
     print(f"\n{len(rows)} kernels in {time.time() - t0:.0f} s")
     if failures:
         print("\nFAILED:\n  " + "\n  ".join(failures))

@@ -16,6 +16,7 @@ the package works without them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -142,6 +143,28 @@ def ptxas_path() -> str:
     return found
 
 
+def nvdisasm_path() -> str | None:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel `make install-aot` puts in
+    `<venv>/cuda-tools` (off sys.path), else one on PATH; None without one."""
+    wheel = glob.glob(os.path.join(sys.prefix, "cuda-tools", "nvidia", "*", "bin", "nvdisasm"))
+    return next((p for p in wheel if os.access(p, os.X_OK)), None) or shutil.which("nvdisasm")
+
+
+def link_nvdisasm() -> str:
+    """Link nvdisasm beside ptxas (`ptxas_path`), where the CUDA plugin's Mosaic GPU compiler
+    looks for it to write each kernel's SASS (`MOSAIC_GPU_DUMP_SASS`; not on PATH). Returns the
+    link; `make install-aot` runs this once."""
+    source = nvdisasm_path()
+    if source is None:
+        raise RuntimeError(f"nvdisasm not found. {INSTALL_HINT}")
+    link = os.path.join(os.path.dirname(ptxas_path()), "nvdisasm")
+    if os.path.realpath(link) != os.path.realpath(source):
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(source, link)
+    return link
+
+
 def require_gpu_compiler() -> None:
     """Raise a RuntimeError naming the install command when the CUDA plugin or ptxas is absent."""
     try:
@@ -207,6 +230,15 @@ def parse_thunks(text: str) -> dict[str, dict[str, Any]]:
     return {m[1]: {"grid": [int(m[2]), int(m[3]), int(m[4])],
                    "threads": int(m[5]) * int(m[6]) * int(m[7]), "dyn_smem_bytes": int(m[8])}
             for m in _THUNK.finditer(text)}
+
+
+def sass_features(sass: str) -> dict[str, int]:
+    """Counts in a kernel's SASS (nvdisasm): Hopper tensor-core MMAs (HGMMA), TMA loads
+    (UTMALDG), local-memory loads and stores (LDL / STL: spills), and all instructions."""
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    count = collections.Counter(ops)
+    return {"sass_instructions": len(ops), "hgmma": count["HGMMA"],
+            "utmaldg": count["UTMALDG"], "ldl_stl": count["LDL"] + count["STL"]}
 
 
 def ptx_features(ptx: str) -> dict[str, int]:
@@ -345,8 +377,9 @@ _MOSAIC_LAUNCH = re.compile(
 
 def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dict[str, Any]]:
     """`kernel_report` for Pallas Mosaic GPU kernels (sm_90a), which XLA does not emit itself:
-    Mosaic writes each kernel's PTX, its ptxas -v report and its MLIR passes (with the launch:
-    grid, threads, dynamic shared memory) where `MOSAIC_GPU_DUMP_TO` points during the compile.
+    Mosaic writes each kernel's PTX, its ptxas -v report, its MLIR passes (with the launch:
+    grid, threads, dynamic shared memory) and, with nvdisasm beside ptxas (`link_nvdisasm`), its
+    SASS (`sass_features`) where `MOSAIC_GPU_DUMP_TO` points during the compile.
     Returns {kernel: registers, spills, stack_bytes, grid, threads, dyn_smem_bytes, wgmma, tma,
     mbarrier, setmaxnreg, ...}; an entry is named `<kernel_name>_mosaic_gpu_kernel`."""
     gpu_target(target)
@@ -354,7 +387,7 @@ def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dic
     with tempfile.TemporaryDirectory(prefix="t5x_like_mgpu_dump_",
                                      ignore_cleanup_errors=True) as dump_dir:
         env = {"MOSAIC_GPU_DUMP_TO": dump_dir, "MOSAIC_GPU_DUMP_PTX": "1",
-               "MOSAIC_GPU_DUMP_PTXAS": "1"}
+               "MOSAIC_GPU_DUMP_PTXAS": "1", "MOSAIC_GPU_DUMP_SASS": "1"}
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)  # read by the CUDA plugin at each compile
         try:
@@ -374,6 +407,9 @@ def mosaic_kernel_report(fn: Callable, *args: Any, target: str) -> dict[str, dic
                 info["mask_branches"] = list(mask_branches(ptx, name))
                 info["mma"] = "wgmma" if info["wgmma"] else "-"
                 info["mbarrier"] = len(re.findall(r"\bmbarrier\.", ptx))
+                if os.path.exists(base + ".sass_ctrl"):  # with nvdisasm beside ptxas
+                    with open(base + ".sass_ctrl") as f:
+                        info.update(sass_features(f.read()))
                 info["setmaxnreg"] = len(re.findall(r"\bsetmaxnreg\.", ptx))
                 m = _MOSAIC_LAUNCH.search(passes)
                 if m:

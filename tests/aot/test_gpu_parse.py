@@ -125,6 +125,53 @@ $L__BB0_2:
         gpu.ptx_loop(ptx, "missing")
 
 
+def test_mask_branches_are_the_two_sides_of_the_one_segment_test() -> None:
+    """A loop whose mask is two branches (with the segment test: two selects to -inf; without
+    it: one, a causal test) around a common body: their sizes, the larger first."""
+    ptx = """.visible .entry k(
+)
+{
+	mov.u32 	%r1, 0;
+$L__BB0_1:
+	add.s32 	%r1, %r1, 1;
+	mul.f32 	%f1, %f1, %f2;
+	mul.f32 	%f1, %f1, %f2;
+	mul.f32 	%f1, %f1, %f2;
+	mul.f32 	%f1, %f1, %f2;
+	mul.f32 	%f1, %f1, %f2;
+	mul.f32 	%f1, %f1, %f2;
+	@%p1 bra 	$L__BB0_3;
+	setp.eq.s32 	%p3, %r2, %r3;
+	selp.f32 	%f1, %f1, 0fFF800000, %p3;
+	selp.f32 	%f2, %f2, 0fFF800000, %p3;
+	bra.uni 	$L__BB0_4;
+$L__BB0_3:
+	selp.f32 	%f1, %f1, 0fFF800000, %p4;
+$L__BB0_4:
+	setp.lt.s32 	%p2, %r1, 8;
+	@%p2 bra 	$L__BB0_1;
+	ret;
+}
+"""
+    assert gpu.mask_branches(ptx, "k") == (4, 1)
+    inline = ptx.replace("\t@%p1 bra \t$L__BB0_3;\n", "").replace(
+        "\tbra.uni \t$L__BB0_4;\n$L__BB0_3:\n", "")
+    assert gpu.mask_branches(inline, "k") == (0, 0)  # one block: the test runs on every tile
+    assert gpu.mask_branches(ptx, "missing") == (0, 0)
+
+
+def test_sass_features_count_hopper_mmas_tma_loads_and_local_memory() -> None:
+    sass = """
+   -:-:-:Y:02        /*1290*/     HGMMA.64x128x16.F32.BF16 R24, gdesc[UR28], RZ, !UPT ;
+   -:1:-:Y:01        /*0b40*/                   @UP2 UTMALDG.5D [UR8], [UR20] ;
+   -:-:-:Y:01        /*0b50*/                   @!P1 STL.64 [R1], R2 ;
+   -:-:-:Y:01        /*0b60*/                   LDL R4, [R1+0x8] ;
+   -:-:-:Y:01        /*0b70*/                   FFMA R16, R29, 1.4426950216293334961, -R15 ;
+"""
+    assert gpu.sass_features(sass) == {"sass_instructions": 5, "hgmma": 1, "utmaldg": 1,
+                                       "ldl_stl": 2}
+
+
 def test_occupancy_limits() -> None:
     h100 = gpu.gpu_target("h100")
     # 255 regs x 128 threads -> 32,768 regs per block: 2 blocks by registers.
