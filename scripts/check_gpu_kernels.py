@@ -130,8 +130,12 @@ def main() -> int:
         print(f"| {arch} | {d} | {variant} | {name} | {k.get('registers')} | "
               f"{k.get('spill_store_bytes')}/{k.get('spill_load_bytes')} | {smem} | "
               f"{k.get('blocks_per_sm')} ({k.get('limited_by')}) | {k.get('mma')} | "
-              f"{k.get('cp_async', 0) + k.get('tma', 0)} | {sass} | {status} |")
+              f"{k.get('cp_async', 0) + k.get('tma', 0)} | {sass} | {status}"
+              f"{' (wgmma serialized)' if k.get('wgmma_serialized') else ''} |")
     print(f"\n{len(rows)} kernels in {time.time() - t0:.0f} s")
+    serialized = sum(1 for *_, k, _ in rows if k.get("wgmma_serialized"))
+    if serialized:  # reported, not failed: ptxas's C7515, Triton's masked sm_90 kernels
+        print(f"{serialized} kernels with wgmma serialized by ptxas (C7515)")
     if failures:
         print("\nFAILED:\n  " + "\n  ".join(failures))
         return 1

@@ -206,7 +206,8 @@ _THUNK = re.compile(r"\] (\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (
 
 def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
     """`ptxas -v` output -> {kernel: registers, spill_store_bytes, spill_load_bytes, stack_bytes,
-    static_smem_bytes}."""
+    static_smem_bytes, and wgmma_serialized: 1 where ptxas reports (C7515) that it serialized
+    the kernel's wgmma, a Hopper kernel's tensor-core pipelining lost}."""
     out: dict[str, dict[str, int]] = {}
     pieces = _ENTRY.split(log)  # [pre, name, arch, body, name, arch, body, ...]
     for i in range(1, len(pieces) - 2, 3):
@@ -222,6 +223,8 @@ def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
         if m:
             info["registers"] = int(m[1])
         out[name] = info
+    for name in re.findall(r"\(C7515\)[^\n]*?in the function '(\w+)'", log):
+        out.setdefault(name, {})["wgmma_serialized"] = 1
     return out
 
 

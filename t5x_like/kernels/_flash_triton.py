@@ -88,6 +88,19 @@ def _gpu_side(cfg: FlashConfig, side: dict, names: list[str]) -> tuple[dict, lis
     return side, names
 
 
+def _exp2(cfg: FlashConfig, x: jax.Array) -> jax.Array:
+    """2^x in f32 with denormals flushed (`ex2.approx.ftz.f32`, one MUFU.EX2 an element).
+    Triton lowers `exp2` to `ex2.approx.f32`, which ptxas wraps in a range test and two
+    multiplies for denormal results (4 SASS instructions an element); a softmax never needs
+    2^x below 2^-126. Interpret mode (no PTX): `jnp.exp2`."""
+    if cfg.interpret:
+        return jnp.exp2(x)
+    (out,) = plgpu.elementwise_inline_asm(
+        "ex2.approx.ftz.f32 $0, $1;", args=[x], constraints="=r,r", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])
+    return out
+
+
 def _one_segment(cfg: FlashConfig, r: dict, row: str, n):
     """Whether the program's own block and looped-over block n (of `r[row]`, "kone" or
     "qone") hold one segment id between them: such a tile skips the segment test. None (test
@@ -196,8 +209,8 @@ def _fwd_kernel(*refs, cfg: FlashConfig, names: list[str]):
                                   bias, rel, unit=LOG2E, one_segment=one)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_safe = jnp.where(m_new == common.NEG_INF, 0.0, m_new)
-        alpha = jnp.exp2(m - m_safe)
-        p = jnp.exp2(s - m_safe[:, None])
+        alpha = _exp2(cfg, m - m_safe)
+        p = _exp2(cfg, s - m_safe[:, None])
         denom_new = denom * alpha + jnp.sum(p, axis=1)
         acc_new = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
         return m_new, denom_new, acc_new
@@ -266,7 +279,7 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
         one = _one_segment(cfg, r, "qone", i)
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
                                   bias, rel, unit=LOG2E, one_segment=one)
-        p = jnp.exp2(s - lse2[:, None])
+        p = _exp2(cfg, s - lse2[:, None])
         dv = dv + dot(p.astype(do.dtype), do, ta=True)
         dp = dot(do, v, tb=True)
         ds = p * (dp - delta[:, None])
@@ -316,7 +329,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
         one = _one_segment(cfg, r, "kone", j)
         s, _ = common.logits_tile(cfg, dot(q, k, tb=True), q_idx, k_idx, qseg, kseg, pq, pk, None,
                                   bias, rel, unit=LOG2E, one_segment=one)
-        p = jnp.exp2(s - lse2[:, None])
+        p = _exp2(cfg, s - lse2[:, None])
         ds = p * (dot(do, v, tb=True) - delta[:, None])
         ds_in = ds.astype(k.dtype)
         dq = dq + dot(ds_in, k)

@@ -19,7 +19,10 @@ ptxas info    : Compiling entry function 't5x_like_flash_bwd_dq' for 'sm_90a'
 ptxas info    : Function properties for t5x_like_flash_bwd_dq
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 168 registers, used 1 barriers, 420 bytes cmem[0]
-"""
+""" + (  # ptxas says so in one line
+    "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+    "serialized due to non wgmma instructions defining accumulator registers of a wgmma between "
+    "start and end of the pipeline stage in the function 't5x_like_flash_bwd_dq'\n")
 
 THUNKS = (  # lines of a real XLA `*thunk_sequence.txt`
     "002: kCustomKernel [prev=001 (1) | next=003 (1)] t5x_like_flash_fwd grid: [2, 8, 16] "
@@ -52,6 +55,8 @@ def test_parse_ptxas_verbose() -> None:
                                          "static_smem_bytes": 1024}
     assert got["t5x_like_flash_bwd_dq"]["registers"] == 168
     assert got["t5x_like_flash_bwd_dq"]["spill_store_bytes"] == 0
+    assert got["t5x_like_flash_bwd_dq"]["wgmma_serialized"] == 1
+    assert "wgmma_serialized" not in got["t5x_like_flash_fwd"]
 
 
 def test_parse_thunks() -> None:
