@@ -96,7 +96,7 @@ def _exp2(cfg: FlashConfig, x: jax.Array) -> jax.Array:
     if cfg.interpret:
         return jnp.exp2(x)
     (out,) = plgpu.elementwise_inline_asm(
-        "ex2.approx.ftz.f32 $0, $1;", args=[x], constraints="=r,r", pack=1,
+        "ex2.approx.ftz.f32 $0, $1;", args=[x], constraints="=f,f", pack=1,
         result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])
     return out
 
