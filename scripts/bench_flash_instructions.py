@@ -38,7 +38,7 @@ def kernel_counts(arch: str, head_dim: int, backend: str, variant: str) -> dict[
 
     fn, args = gpu.flash_grad_fn(variant, head_dim, gpu.target_devices(arch), backend=backend)
     with flash.compile_target("gpu", arch):
-        ptx_of = gpu.kernel_ptx(fn, *args, target=arch)
+        ptx_of, sass_of = gpu.kernel_code(fn, *args, target=arch)
     counts = {}
     for name, ptx in sorted(ptx_of.items()):
         if not name.startswith("t5x_like_flash"):
@@ -59,7 +59,9 @@ def kernel_counts(arch: str, head_dim: int, backend: str, variant: str) -> dict[
         counts[short] = {"total": sum(sizes), "loop": max(sizes), "whole_loop": whole,
                          "store_block": branch(is_store),
                          "row_sum_block": branch(lambda line: line.startswith("shfl.sync")),
-                         "mask_branches": list(gpu.mask_branches(ptx, name))}
+                         "mask_branches": list(gpu.mask_branches(ptx, name)),
+                         "sass": (gpu.sass_features(sass_of[name])["sass_instructions"]
+                                  if name in sass_of else None)}
     return counts
 
 
@@ -143,15 +145,17 @@ def markdown(r: dict) -> str:
         f"{r['arch']}, head_dim {r['head_dim']}, jax {r['jax']}, {r['ptxas']}; "
         "`scripts/bench_flash_instructions.py`. Counts from the compiler, **not timings**: they "
         "predict issue work, what limits a kernel once its tensor-core work is overlapped. "
-        "Loop body: the largest basic block (the Hopper kernels' loops also hold barrier waits, "
-        "outside it); whole loop: a label to the last branch back to it, blocks it may skip "
-        "included.", "",
-        "| backend / variant | kernel | PTX instructions | loop body | whole loop |",
-        "|---|---|---|---|---|"]
+        "SASS: the kernel's whole machine code (nvdisasm), where one PTX instruction may be "
+        "several (Triton's `ex2.approx.f32` was four). Loop body: the largest basic block "
+        "(the Hopper kernels' loops also hold barrier waits, outside it); whole loop: a label "
+        "to the last branch back to it, blocks it may skip included.", "",
+        "| backend / variant | kernel | PTX instructions | loop body | whole loop | "
+        "SASS instructions |", "|---|---|---|---|---|---|"]
     for key, kernels in r["kernels"].items():
         for name, k in kernels.items():
+            sass = f"{k['sass']:,}" if k.get("sass") else "-"
             lines.append(f"| {key} | {name} | {k['total']:,} | {k['loop']:,} | "
-                         f"{k['whole_loop']:,} |")
+                         f"{k['whole_loop']:,} | {sass} |")
     lines += [
         "", "Packed segment ids: the whole loop, and the segment test (two compares and a select "
         "a score) where it sits in a block of its own, which a tile inside one example branches "

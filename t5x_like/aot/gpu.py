@@ -428,11 +428,19 @@ def kernel_ptx(fn: Callable, *args: Any, target: str) -> dict[str, str]:
     """{kernel entry name: its PTX module} from one compile of jitted `fn(*args)` for a GPU
     target: the kernels XLA emits itself (Triton fusions, Pallas Triton calls) and the Pallas
     Mosaic GPU kernels, which Mosaic writes where `MOSAIC_GPU_DUMP_TO` points."""
-    gpu_target(target)
+    return kernel_code(fn, *args, target=target)[0]
+
+
+def kernel_code(fn: Callable, *args: Any, target: str) -> tuple[dict[str, str], dict[str, str]]:
+    """({kernel: PTX}, {kernel: SASS}) from one compile, as `kernel_ptx`; the SASS (nvdisasm,
+    `link_nvdisasm`) is Mosaic's own for its kernels, and for XLA's the PTX it emitted put
+    through ptxas for the target's arch here; {} without nvdisasm."""
+    tgt = gpu_target(target)
     require_gpu_compiler()
     with tempfile.TemporaryDirectory(prefix="t5x_like_ptx_", ignore_cleanup_errors=True) as d:
         os.makedirs(os.path.join(d, "mosaic"))
-        env = {"MOSAIC_GPU_DUMP_TO": os.path.join(d, "mosaic"), "MOSAIC_GPU_DUMP_PTX": "1"}
+        env = {"MOSAIC_GPU_DUMP_TO": os.path.join(d, "mosaic"), "MOSAIC_GPU_DUMP_PTX": "1",
+               "MOSAIC_GPU_DUMP_SASS": "1"}
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
         try:
@@ -441,12 +449,32 @@ def kernel_ptx(fn: Callable, *args: Any, target: str) -> dict[str, str]:
         finally:
             for key, value in saved.items():
                 os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
-        ptx_of = {}
+        ptx_of, sass_of = {}, {}
+        nvdisasm = nvdisasm_path()
         for path in sorted(glob.glob(os.path.join(d, "*", "*.ptx"))):
             with open(path) as f:
                 text = f.read()
-            ptx_of.update(dict.fromkeys(re.findall(r"\.entry (\w+)\(", text), text))
-        return ptx_of
+            names = re.findall(r"\.entry (\w+)\(", text)
+            ptx_of.update(dict.fromkeys(names, text))
+            mosaic = path.removesuffix(".ptx") + ".sass_ctrl"
+            if os.path.exists(mosaic):
+                with open(mosaic) as f:
+                    sass_of.update(dict.fromkeys(names, f.read()))
+            elif nvdisasm and "/xla/" in path:
+                cubin = path.removesuffix(".ptx") + ".cubin"
+                built = subprocess.run([ptxas_path(), f"-arch={tgt.ptxas_arch}", "-o", cubin,
+                                        path], check=False, capture_output=True)
+                if built.returncode == 0:  # (a module ptxas refuses has no SASS here)
+                    sass = subprocess.run([nvdisasm, "-c", cubin], check=True,
+                                          capture_output=True, text=True).stdout
+                    sass_of.update(sass_functions(sass))
+        return ptx_of, sass_of
+
+
+def sass_functions(sass: str) -> dict[str, str]:
+    """nvdisasm's output of a module -> {function: its SASS} (split at `.text.<name>` sections)."""
+    parts = re.split(r"^//-+ \.text\.(\w+)\s+-+$", sass, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 _PTX_LABEL = re.compile(r"(\$L__\w+):")

@@ -393,7 +393,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     kseg = ops.load(smem["kseg"].at[wg], row_layout) if cfg.has_seg else None  # broadcast
     pk = ops.load(smem["pk"].at[wg], row_layout) if cfg.has_prefix else None  # in the loop
     a_smem = smem["a"].at[wg] if ops.interpret else None
-    scale = cfg.sm_scale * LOG2E
+    scale = tiles.logit_scale(cfg)
     streams = _dkdv_streams(cfg, ops)
     when = _dkdv_when(cfg, j)
     own_id = tiles.row_segment(cfg, r, b, "kone", k0 // ROWS)

@@ -177,6 +177,20 @@ def test_sass_features_count_hopper_mmas_tma_loads_and_local_memory() -> None:
                                        "ldl_stl": 2}
 
 
+def test_sass_functions_split_a_module_at_its_text_sections() -> None:
+    sass = ("\t.target\tsm_90a\n"
+            "//--------------------- .text.k1  --------------------------\n"
+            "        /*0000*/                   HGMMA.64x64x16.F32.BF16 R0, gdesc[UR4], RZ ;\n"
+            "//--------------------- .text.k2 --------------------------\n"
+            "        /*0000*/                   LDL R4, [R1] ;\n"
+            "        /*0010*/                   EXIT ;\n")
+    got = gpu.sass_functions(sass)
+    assert sorted(got) == ["k1", "k2"]
+    assert gpu.sass_features(got["k1"])["hgmma"] == 1
+    assert gpu.sass_features(got["k2"]) == {"sass_instructions": 2, "hgmma": 0, "utmaldg": 0,
+                                            "ldl_stl": 1}
+
+
 def test_occupancy_limits() -> None:
     h100 = gpu.gpu_target("h100")
     # 255 regs x 128 threads -> 32,768 regs per block: 2 blocks by registers.
