@@ -206,8 +206,9 @@ _THUNK = re.compile(r"\] (\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (
 
 def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
     """`ptxas -v` output -> {kernel: registers, spill_store_bytes, spill_load_bytes, stack_bytes,
-    static_smem_bytes, and wgmma_serialized: 1 where ptxas reports (C7515) that it serialized
-    the kernel's wgmma, a Hopper kernel's tensor-core pipelining lost}."""
+    static_smem_bytes, and wgmma_serialized: 1 where ptxas reports that it serialized the
+    kernel's wgmma (C7514 / C7515: non-wgmma instructions reading / defining accumulators in a
+    pipeline stage), a Hopper kernel's tensor-core pipelining lost}."""
     out: dict[str, dict[str, int]] = {}
     pieces = _ENTRY.split(log)  # [pre, name, arch, body, name, arch, body, ...]
     for i in range(1, len(pieces) - 2, 3):
@@ -223,7 +224,7 @@ def parse_ptxas_verbose(log: str) -> dict[str, dict[str, int]]:
         if m:
             info["registers"] = int(m[1])
         out[name] = info
-    for name in re.findall(r"\(C7515\)[^\n]*?in the function '(\w+)'", log):
+    for name in re.findall(r"\(C751[45]\)[^\n]*?in the function '(\w+)'", log):
         out.setdefault(name, {})["wgmma_serialized"] = 1
     return out
 
@@ -270,8 +271,9 @@ def occupancy(target: GpuTarget, registers: int, threads: int, smem: int) -> dic
 
 def kernel_problems(kernel: dict[str, Any], smem_limit: int) -> list[str]:
     """Why one kernel's report (`kernel_report`'s entry) is not fit to ship: no ptxas report,
-    register spills, shared memory over `smem_limit` bytes, or no cp.async/TMA loads (its k loop
-    is not software-pipelined). Empty when it passes: the rule of the CI check and the tuner."""
+    register spills, shared memory over `smem_limit` bytes, no cp.async/TMA loads (its k loop
+    is not software-pipelined), or wgmma serialized by ptxas (C7514/5: the MMAs no longer overlap
+    the loop's other work). Empty when it passes: the rule of the CI check and the tuner."""
     if "registers" not in kernel:
         return ["no ptxas report"]
     out = []
@@ -282,6 +284,8 @@ def kernel_problems(kernel: dict[str, Any], smem_limit: int) -> list[str]:
         out.append(f"shared memory {smem} > {smem_limit} B")
     if kernel.get("cp_async", 0) + kernel.get("tma", 0) == 0:
         out.append("no cp.async/TMA (k loop not pipelined)")
+    if kernel.get("wgmma_serialized"):
+        out.append("wgmma serialized by ptxas (C7514/C7515)")
     return out
 
 

@@ -171,8 +171,30 @@ def _row_specs(cfg: FlashConfig, by_q_block: bool) -> dict[str, pl.BlockSpec]:
     return specs
 
 
+def _at_least_one(lo, hi, n: int):
+    """Loop bounds [lo, hi) over n blocks, widened to one block where empty, and whether the
+    given range visits any (None: always). A loop that may run no trips makes ptxas serialize
+    the sm_90 kernels' wgmmas (C7515: the zero-trip path's zeroed accumulators join the wait of
+    the MMA left in flight across the back edge). The bounds cover every block with an allowed
+    score, so the added block is fully masked: p = 0, and it adds exact zeros for finite k, v.
+    In the forward and dQ a range is empty for a q block of padding, which then visits k block
+    `klo` = 0, whose keys real queries see anyway; dK/dV zeroes its own k and v where the range
+    was empty (keys no query sees), so not even a non-finite value there reaches dK, dV."""
+    if isinstance(lo, int) and isinstance(hi, int):  # static: 0 .. n, never empty
+        return lo, hi, None
+    visits = hi > lo
+    lo = jnp.minimum(lo, n - 1)
+    return lo, jnp.maximum(hi, lo + 1), visits
+
+
+def _unless_empty(visits, x: jax.Array) -> jax.Array:
+    """x, or zeros where the program's loop range was empty (`_at_least_one`)."""
+    return x if visits is None else jnp.where(visits, x, jnp.zeros_like(x))
+
+
 def _q_loop_state(cfg: FlashConfig, r: dict, q0):
-    """Per-q-block quantities for kernels whose program owns a q block."""
+    """Per-q-block quantities for kernels whose program owns a q block: (q index vector, q
+    segment ids, q prefix flags, and the k blocks to visit [lo, hi), never empty)."""
     q_idx = q0 + jnp.arange(cfg.block_q, dtype=jnp.int32)
     qseg = r["qseg"][...] if cfg.has_seg else None
     pq = r["pq"][...] if cfg.has_prefix else None
@@ -180,6 +202,7 @@ def _q_loop_state(cfg: FlashConfig, r: dict, q0):
     lo, hi = 0, (common.causal_k_blocks(cfg, q0, plen) if cfg.causal else cfg.nk)
     if cfg.has_seg:  # only k blocks sharing a segment with this q block
         lo, hi = r["klo"][...], jnp.minimum(hi, r["khi"][...])
+    lo, hi, _ = _at_least_one(lo, hi, cfg.nk)
     return q_idx, qseg, pq, lo, hi
 
 
@@ -252,8 +275,6 @@ def forward(cfg: FlashConfig, q, k, v, side: dict) -> tuple[jax.Array, jax.Array
 def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
     r = dict(zip(names + ["dk", "dv"], refs, strict=True))
     k0 = pl.program_id(2) * cfg.block_k
-    k = r["k"][...]
-    v = r["v"][...]
     k_idx = k0 + jnp.arange(cfg.block_k, dtype=jnp.int32)
     kseg = r["kseg"][...] if cfg.has_seg else None
     pk = r["pk"][...] if cfg.has_prefix else None
@@ -262,6 +283,9 @@ def _dkdv_kernel(*refs, cfg: FlashConfig, names: list[str]):
     hi = cfg.nq
     if cfg.has_seg:  # only q blocks sharing a segment with this k block
         lo, hi = jnp.maximum(lo, r["qlo"][...]), r["qhi"][...]
+    lo, hi, visits = _at_least_one(lo, hi, cfg.nq)
+    # a k block no query sees still visits one q block: zero k, v make its dK, dV exactly 0
+    k, v = (_unless_empty(visits, r[n][...]) for n in ("k", "v"))
 
     def body(i, carry):
         dk, dv = carry
@@ -319,7 +343,7 @@ def _dq_kernel(*refs, cfg: FlashConfig, names: list[str], outs: list[str]):
             return c
 
         jax.lax.fori_loop(j0, jnp.minimum(lo, j0 + nwin), zero_band, 0)
-        jax.lax.fori_loop(jnp.maximum(jnp.maximum(hi, lo), j0), j0 + nwin, zero_band, 0)
+        jax.lax.fori_loop(jnp.maximum(hi, j0), j0 + nwin, zero_band, 0)
 
     def body(j, carry):
         dq, far = carry

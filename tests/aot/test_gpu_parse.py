@@ -22,7 +22,12 @@ ptxas info    : Used 168 registers, used 1 barriers, 420 bytes cmem[0]
 """ + (  # ptxas says so in one line
     "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
     "serialized due to non wgmma instructions defining accumulator registers of a wgmma between "
-    "start and end of the pipeline stage in the function 't5x_like_flash_bwd_dq'\n")
+    "start and end of the pipeline stage in the function 't5x_like_flash_bwd_dq'\n"
+    "ptxas info    : Compiling entry function 't5x_like_flash_bwd_dkdv' for 'sm_90a'\n"
+    "ptxas info    : Used 176 registers, used 1 barriers, 420 bytes cmem[0]\n"
+    "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+    "serialized due to non wgmma instructions reading accumulator registers of  a wgmma between "
+    "start and end of the pipeline stage in the function 't5x_like_flash_bwd_dkdv'\n")
 
 THUNKS = (  # lines of a real XLA `*thunk_sequence.txt`
     "002: kCustomKernel [prev=001 (1) | next=003 (1)] t5x_like_flash_fwd grid: [2, 8, 16] "
@@ -56,6 +61,7 @@ def test_parse_ptxas_verbose() -> None:
     assert got["t5x_like_flash_bwd_dq"]["registers"] == 168
     assert got["t5x_like_flash_bwd_dq"]["spill_store_bytes"] == 0
     assert got["t5x_like_flash_bwd_dq"]["wgmma_serialized"] == 1
+    assert got["t5x_like_flash_bwd_dkdv"]["wgmma_serialized"] == 1  # C7514: reading them
     assert "wgmma_serialized" not in got["t5x_like_flash_fwd"]
 
 
@@ -207,9 +213,11 @@ def test_kernel_problems_is_the_ship_rule() -> None:
           "dyn_smem_bytes": 40_000, "static_smem_bytes": 0, "cp_async": 4, "tma": 0}
     assert gpu.kernel_problems(ok, 99 * 1024) == []
     assert gpu.kernel_problems({}, 99 * 1024) == ["no ptxas report"]
-    bad = {**ok, "spill_store_bytes": 8, "spill_load_bytes": 4, "cp_async": 0}
+    bad = {**ok, "spill_store_bytes": 8, "spill_load_bytes": 4, "cp_async": 0,
+           "wgmma_serialized": 1}
     assert gpu.kernel_problems(bad, 32_000) == [
-        "spills 8/4 B", "shared memory 40000 > 32000 B", "no cp.async/TMA (k loop not pipelined)"]
+        "spills 8/4 B", "shared memory 40000 > 32000 B", "no cp.async/TMA (k loop not pipelined)",
+        "wgmma serialized by ptxas (C7514/C7515)"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_plugins") is not None,

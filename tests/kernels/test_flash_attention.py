@@ -38,8 +38,8 @@ class Case:
     hkv: int = 4
     d: int = 32
     causal: bool = False
-    # none | padding | packed | long (two examples, each over many blocks) | cross | kv_only
-    # (encoder padding only)
+    # none | padding | packed | long (two examples, each over many blocks) | head (one short
+    # example, then blocks of padding) | cross | kv_only (encoder padding only)
     segments: str = "none"
     prefix: bool = False
     rel: str = "none"  # none | bidirectional | causal
@@ -67,6 +67,10 @@ CASES = [
     # one_segment), the tiles across the boundary or the padding keep it.
     Case("long_segments_causal_rel_bf16", dtype="bfloat16", lq=96, lk=96, hkv=2, d=32,
          causal=True, segments="long", rel="causal"),
+    # Blocks of padding only: their programs' loop ranges are empty, and the GPU kernels visit
+    # one fully-masked block anyway (`_flash_triton._at_least_one`), which must add nothing.
+    Case("head_example_causal_rel_padding_blocks", lq=80, lk=80, d=32, causal=True,
+         segments="head", rel="causal"),
     Case("tpu_prefix_packed_rel_bias", b=1, lq=35, lk=35, h=2, hkv=1, causal=True, prefix=True,
          segments="packed", rel="causal", bias=(1, 2), backend="mosaic_tpu"),
     # The Hopper kernels (forward, dK/dV) under Pallas' GPU interpreter (warpgroups, TMA and
@@ -105,6 +109,9 @@ def _segments(rng, b: int, length: int, kind: str, n_segments: int = 3) -> np.nd
         if kind == "padding":
             out[i, : rng.integers(length // 2, length)] = 1
             continue
+        if kind == "head":
+            out[i, : rng.integers(1, length // 4)] = 1
+            continue
         cuts = np.sort(rng.choice(np.arange(1, length), n_segments, replace=False))
         ids = np.searchsorted(cuts, np.arange(length), side="right")
         out[i] = np.where(ids < n_segments, ids + 1, 0)
@@ -129,7 +136,7 @@ def _make(case: Case, seed: int):
                     rel_max_distance=case.max_distance)
     if case.bias is not None:
         floats["bias"] = jnp.asarray(rnd(*case.bias, case.lq, case.lk), dt)
-    if case.segments in ("padding", "packed", "long"):
+    if case.segments in ("padding", "packed", "long", "head"):
         seg = _segments(rng, case.b, case.lq, case.segments)
         ints.update(q_segment_ids=jnp.asarray(seg), kv_segment_ids=jnp.asarray(seg))
     elif case.segments == "cross":
@@ -186,7 +193,7 @@ def _run_case(case: Case, seed: int) -> dict[str, np.ndarray]:
 def test_matches_f64_reference(case: Case, test_seed: int) -> None:
     seed = test_seed
     ours = _run_case(case, seed)
-    if case.segments in ("padding", "packed", "long"):  # padded query rows: zero out and dq
+    if case.segments in ("padding", "packed", "long", "head"):  # padded rows: zero out and dq
         _, _, _, ints = _make(case, seed)
         pad = np.asarray(ints["q_segment_ids"]) == 0
         assert pad.any()
@@ -225,7 +232,8 @@ def test_mosaic_gpu_kernels_have_no_data_races(test_seed: int) -> None:
 
 def test_skipped_blocks_are_never_read(test_seed: int) -> None:
     """Blocks past the causal diagonal / in non-overlapping segments hold NaN: a kernel that only
-    masked them (instead of skipping them) would return NaN."""
+    masked them (instead of skipping them) would return NaN. (The dK/dV program of a k block no
+    query sees still runs one fully-masked tile, `_at_least_one`, on zeroed k and v.)"""
     seed = test_seed
     (q, k, v), do, _, _ = _make(Case("skip", b=1, lq=32, lk=64, h=2, hkv=2), seed)
     poison = jnp.arange(64)[None, :, None, None] >= 32
@@ -242,11 +250,16 @@ def test_skipped_blocks_are_never_read(test_seed: int) -> None:
     # Segments: q uses segments 1, 2; kv blocks of segment 3 and padding (poisoned) are skipped.
     qseg = jnp.asarray([[1] * 16 + [2] * 16])
     kseg = jnp.asarray([[1] * 16 + [2] * 16 + [3] * 16 + [0] * 16])
-    out = flash_attention(q, kn, vn, q_segment_ids=qseg, kv_segment_ids=kseg, block_q=16,
-                          block_k=16)
+    fn = lambda q, k, v: flash_attention(q, k, v, q_segment_ids=qseg, kv_segment_ids=kseg,
+                                         block_q=16, block_k=16)
+    out, pull = jax.vjp(jax.jit(fn), q, kn, vn)
+    dq, dk, dv = pull(do)
     want = reference_attention(q, k[:, :32], v[:, :32], q_segment_ids=qseg,
                                kv_segment_ids=kseg[:, :32])
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=F32_ATOL, err_msg=f"{seed}")
+    for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert np.all(np.isfinite(np.asarray(grad))), f"segments: {name} non-finite, seed={seed}"
+    assert np.all(np.asarray(dk[:, 32:]) == 0) and np.all(np.asarray(dv[:, 32:]) == 0)
 
 
 def _qkv(b=1, lq=8, lk=8, h=2, hkv=2, d=32, dtype=jnp.float32):
