@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from t5x_like.kernels import _flash_common as common
 from t5x_like.kernels._flash_common import FlashConfig
+from t5x_like.kernels.relpos import saturation_distance
 
 
 def offset_row_width(cfg: FlashConfig) -> int:
@@ -41,7 +42,7 @@ def rel_band(cfg: FlashConfig, table: jax.Array, unit: float = 1.0,
 
 
 def rel_far(cfg: FlashConfig, table: jax.Array, dtype=jnp.float32) -> jax.Array:
-    """`[H, 2]` f32: each head's bias left and right of the diagonal beyond max_distance (the
+    """`[H, 2]` f32: each head's bias left and right of the diagonal beyond `window_reach` (the
     outermost buckets, `common.bucket_order`'s first and last), rounded through `dtype` as the
     band is: the Hopper kernels add it to tiles wholly out there instead of streaming their
     band tiles."""
@@ -51,9 +52,13 @@ def rel_far(cfg: FlashConfig, table: jax.Array, dtype=jnp.float32) -> jax.Array:
 
 
 def window_reach(cfg: FlashConfig) -> int:
-    """Beyond max_distance on each side of the diagonal the bucket is constant (T5 clips it), so
-    bucket boundaries lie at offsets k - q in [-reach, reach]."""
-    return cfg.rel_max_distance + 1
+    """Bucket boundaries lie at offsets k - q in [-reach, reach]: farther out each side of the
+    diagonal has one bucket (its outermost). That starts where the buckets saturate
+    (`relpos.saturation_distance`: from 91 for T5's 32 buckets up to 128, bidirectional), plus
+    one offset for float32's rounding of the bucket function, never beyond max_distance + 1."""
+    sat = saturation_distance(bidirectional=cfg.rel_bidirectional,
+                              num_buckets=cfg.num_buckets, max_distance=cfg.rel_max_distance)
+    return min(sat + 1, cfg.rel_max_distance + 1)
 
 
 def _window_bounds(cfg: FlashConfig, q0: int) -> tuple[int, int]:
@@ -68,7 +73,7 @@ def _window_bounds(cfg: FlashConfig, q0: int) -> tuple[int, int]:
 def near_window(cfg: FlashConfig) -> int:
     """k blocks per q block whose dS tiles the dQ kernels store for the T5 table gradient: the
     widest run of tiles, over the q blocks, that a bucket boundary can cross. About
-    (2 max_distance + block_q) / block_k + 1, at most nk: the memory is O(length)."""
+    (2 reach + block_q) / block_k + 1, at most nk: the memory is O(length)."""
     return max(b - a for a, b in (_window_bounds(cfg, i * cfg.block_q) for i in range(cfg.nq)))
 
 
@@ -105,7 +110,7 @@ def window_table_gradient(cfg: FlashConfig, band: jax.Array, far: jax.Array) -> 
     """The Triton dQ kernel's T5 table gradient `[H, num_buckets_pad]` f32: its stored window
     tiles (`near_window_bucket_sums`) plus `far` [B, H, nq, 2, block_q], the row sums of the
     tiles outside the windows, each wholly in its side's outermost bucket (0: left, offsets
-    below -max_distance; 1: right; `common.bucket_order`'s first and last). The Hopper dQ
+    below -reach; 1: right; `common.bucket_order`'s first and last). The Hopper dQ
     kernel's `far` is [B, H, 2 nq, 2, 64] (a row per warpgroup): the same sum."""
     order = common.bucket_order(cfg)
     side = jnp.sum(far, axis=(0, 2, 4))  # [H, 2]

@@ -7,10 +7,10 @@ Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
 - one **producer** warpgroup (`_produce`) that streams the other side's tiles with TMA into a
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
   T5 bias tile `[128, block_k]` in q's dtype (a slice of the bias band `gpu_inputs.rel_band`
-  builds: no bucket math in the loop; not streamed for a tile wholly beyond max_distance,
-  whose bias is one number, `tiles.plus_bias`), the keys' segment ids and prefix flags (dQ: the
-  same). dK/dV, per q block: q and dO, lse and Δ, the transposed bias band's tile, the
-  queries' ids and flags.
+  builds: no bucket math in the loop; not streamed for a tile wholly beyond where the
+  buckets saturate, whose bias is one number, `tiles.plus_bias`), the keys' segment ids and
+  prefix flags (dQ: the same). dK/dV, per q block: q and dO, lse and Δ, the transposed bias
+  band's tile, the queries' ids and flags.
 
 Every stream has a "ready" barrier per slot (its TMA completes it); both compute warpgroups
 arrive on the slot's "free" barrier when done with it, and the producer waits on it before it
@@ -533,12 +533,12 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
 
 def _far_tile_sums(cfg: FlashConfig, far: tuple, ds: jax.Array, q0, k0) -> tuple:
     """far = (left, right) [64] row sums of dS += the tile's, on its side of the diagonal: a
-    tile outside its q block's window (`gpu_inputs.near_window`) lies beyond max_distance on
-    one side, wholly in that side's outermost bucket (`common.bucket_order`'s first or last).
+    tile outside its q block's window (`gpu_inputs.near_window`) lies beyond the window's reach
+    on one side, wholly in that side's outermost bucket (`common.bucket_order`'s first or last).
     Two row vectors (4 registers a thread) instead of a [64, buckets] accumulator (16)."""
     rmin, _ = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
     rows = ds.sum(axis=1)
-    return lax.cond(rmin > cfg.rel_max_distance, lambda f: (f[0], f[1] + rows),
+    return lax.cond(rmin > 0, lambda f: (f[0], f[1] + rows),
                     lambda f: (f[0] + rows, f[1]), far)
 
 

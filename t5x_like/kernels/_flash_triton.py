@@ -123,16 +123,17 @@ def _rel_tile(cfg: FlashConfig, r: dict, q0, k0) -> jax.Array:
 def _far_tile_sums(cfg: FlashConfig, ds: jax.Array, q0, k0, in_window: jax.Array,
                    far: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """`far` (left, right) [bq] plus this tile's row sums of dS when the tile is outside its q
-    block's window (`gpu_inputs.near_window`): such a tile lies beyond max_distance on one side
-    of the diagonal, all in that side's outermost bucket (left: offsets k - q below
-    -max_distance; right: above it). Tiles in the window, which bucket boundaries cross, are
-    stored instead and summed by offset after the kernel. Deterministic, no atomics."""
+    block's window (`gpu_inputs.near_window`): such a tile lies wholly on one side of the
+    diagonal, beyond where the buckets saturate, all in that side's outermost bucket (left:
+    offsets k - q below -reach; right: above reach, `gpu_inputs.window_reach`). Tiles in the
+    window, which bucket boundaries cross, are stored instead and summed by offset after the
+    kernel. Deterministic, no atomics."""
     rmin, _ = common.tile_offset_range(cfg.block_q, cfg.block_k, q0, k0)
 
     def add(lr):
         left, right = lr
         row = jnp.sum(ds, axis=1)
-        is_right = rmin > cfg.rel_max_distance
+        is_right = rmin > 0  # a tile outside the window has no offset within reach
         return jnp.where(is_right, left, left + row), jnp.where(is_right, right + row, right)
 
     return jax.lax.cond(in_window, lambda lr: lr, add, far)  # no row sums for stored tiles

@@ -1,7 +1,7 @@
 """One tile's work in the Hopper flash kernels (`_flash_mosaic_gpu`), shared by the forward, dK/dV
 and dQ: the loop bounds a causal / prefix / segment mask allows, which steps cross the causal
-diagonal, the mask itself, the T5 bias of a tile (its band tile, or one number beyond
-max_distance), and the query rows' logits."""
+diagonal, the mask itself, the T5 bias of a tile (its band tile, or one number beyond where
+the buckets saturate), and the query rows' logits."""
 
 from __future__ import annotations
 
@@ -133,9 +133,10 @@ def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, 
 
 def bias_varies(cfg: FlashConfig, rows: int, cols: int, q0, k0) -> tuple:
     """(whether tile [q0, q0 + rows) x [k0, k0 + cols) may hold more than one T5 bucket, whether
-    it lies right of the diagonal): beyond max_distance on one side every offset k - q is in
-    that side's outermost bucket (`gpu_inputs.rel_far`), so such a tile's bias is one number and
-    its band tile is not streamed. Corner arithmetic on the CTA's tile, so the producer and
+    it lies right of the diagonal): beyond `gpu_inputs.window_reach` (where the buckets
+    saturate) on one side every offset k - q is in that side's outermost bucket
+    (`gpu_inputs.rel_far`), so such a tile's bias is one number and its band tile is not
+    streamed. Corner arithmetic on the CTA's tile, so the producer and
     both compute warpgroups agree."""
     rmin, rmax = common.tile_offset_range(rows, cols, q0, k0)
     reach = gpu_inputs.window_reach(cfg)

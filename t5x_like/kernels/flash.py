@@ -22,20 +22,22 @@ blocks come from `GPU_BLOCKS` (per compute capability, head_dim, forward / backw
 Memory is O(length): the kernels keep only `[block_q, block_k]` tiles, and the residuals are q, k,
 v, o and the per-row logsumexp `[B, H, Lq]`. The only `[.., Lq, Lk]` arrays are the ones the
 caller brings: a dense `bias` and its gradient. The GPU backward with a T5 table also writes dS
-near the diagonal, `[B, H, Lq, W]` in the inputs' dtype with W about 2 max_distance + 3 blocks
-(all of Lk at T5's lengths of 512 and below), transient, for the table gradient.
+near the diagonal, `[B, H, Lq, W]` in the inputs' dtype with W about 2 x 91 + 3 blocks for T5's
+buckets (6 of 8 blocks at T5's length of 512), transient, for the table gradient.
 
 Bias-gradient design. The T5 table gradient is `d_table[n, h] = sum over (b, q, k) with
 bucket(k - q) = n of dS[b, h, q, k]`. The TPU dQ kernel (one program per (b, h, q block), looping
 over k blocks) already holds every dS tile of its row block, so it reduces each tile and writes the
 result once per program into `[B, H, n_q_blocks, num_buckets]`; a tiny XLA sum outside gives
 `[num_buckets, H]`. No atomics, deterministic, O(B·H·Lq/block_q·num_buckets) extra memory. On
-GPUs a bucket boundary can only cross tiles within about max_distance of the diagonal, a window
-of about (2 max_distance + block_q) / block_k k blocks per q block
-(`_flash_gpu_inputs.near_window`); a tile beyond it lies wholly in its side's outermost bucket.
+GPUs a bucket boundary can only cross tiles near the diagonal, up to where the buckets saturate
+(offset 91 for T5's 32 buckets up to max_distance 128: the last log bucket starts there;
+`relpos.saturation_distance`), a window of about (2 x 91 + block_q) / block_k k blocks per q
+block (`_flash_gpu_inputs.near_window`); a tile beyond it lies wholly in its side's outermost
+bucket.
 The GPU dQ kernels (Triton, Hopper) store the window's dS tiles (already in the inputs' dtype
 for their dS·K product), which XLA sums over the batch, then by offset, then by bucket
-(O(B·H·Lq·max_distance) memory, linear in length), and add a tile beyond the window to its
+(O(B·H·Lq·max_distance) memory at most, linear in length), and add a tile beyond the window to its
 side's row sums. The Triton kernel's loop is 379 PTX instructions a tile at length 512 against
 1,854 with the masked row sum per bucket run the kernel took before, and 294 without a table
 (sm_90, d=64; `benchmarks/flash_instructions.md`). The tile's bias is a block

@@ -145,7 +145,7 @@ def test_tiles_outside_the_near_window_lie_in_one_outermost_bucket(
         max_distance: int) -> None:
     """The Triton dQ kernel adds a tile outside its q block's window to one of the two
     outermost buckets by whole rows (`_far_tile_sums`: right of the diagonal when its least
-    offset exceeds max_distance): every offset of such a tile must be in that bucket. The window
+    offset is positive): every offset of such a tile must be in that bucket. The window
     stays within the k blocks and is narrower than all of them once the length exceeds about
     2 max_distance."""
     cfg = _cfg(rel_bidirectional=bidirectional, lq=lq, lk=lk, lq_pad=lq, lk_pad=lk,
@@ -167,10 +167,77 @@ def test_tiles_outside_the_near_window_lie_in_one_outermost_bucket(
                 jnp.asarray(rel), bidirectional=bidirectional, num_buckets=32,
                 max_distance=max_distance))
             rmin, _ = _flash_common.tile_offset_range(block_q, block_k, q0, k0)
-            side = order[-1] if rmin > max_distance else order[0]
+            side = order[-1] if rmin > 0 else order[0]
             assert np.all(bucket == side), (i, j)
             far += 1
     assert far > 0 or nwin == cfg.nk
+
+
+@pytest.mark.parametrize("bidirectional,num_buckets,max_distance", [
+    (bidirectional, n, m) for bidirectional in (False, True) for n in (8, 16, 32, 64, 128)
+    for m in (16, 24, 40, 100, 128, 256, 1000)
+    if m > (n // 2 if bidirectional else n) // 2])  # else no log-spaced buckets
+def test_buckets_are_constant_beyond_the_window_reach(bidirectional: bool, num_buckets: int,
+                                                      max_distance: int) -> None:
+    """The window's reach comes from where the float64 bucket formula saturates plus one offset
+    of margin; the float32 function the kernels and the band use must agree: every offset
+    beyond +-reach is in its side's outermost bucket. The reach is where T5's buckets saturate,
+    not max_distance: 91 against 129 for T5's own (32 buckets, 128, bidirectional)."""
+    cfg = _cfg(rel_bidirectional=bidirectional, num_buckets=num_buckets,
+               num_buckets_pad=num_buckets, rel_max_distance=max_distance)
+    reach = _flash_gpu_inputs.window_reach(cfg)
+    assert 0 <= reach <= max_distance + 1
+    rel = np.arange(-4 * max_distance - 64, 4 * max_distance + 64)
+    bucket = np.asarray(relative_position_bucket(jnp.asarray(rel), bidirectional=bidirectional,
+                                                 num_buckets=num_buckets,
+                                                 max_distance=max_distance))
+    order = _flash_common.bucket_order(cfg)
+    assert np.all(bucket[rel > reach] == order[-1])
+    assert np.all(bucket[rel < -reach] == order[0])
+    inner = rel[(bucket != order[-1]) & (bucket != order[0])]
+    assert reach - 2 <= max(-inner.min(), inner.max(), 0)  # the margin is one offset, no more
+    if (bidirectional, num_buckets, max_distance) == (True, 32, 128):
+        assert reach == 91
+
+
+def test_far_tiles_are_summed_on_their_side() -> None:
+    """Both dQ kernels' `_far_tile_sums` on T5's own buckets (32, 128), every tile outside its
+    q block's window: the row sums go to the side (left, right) whose outermost bucket holds
+    the whole tile. Tiles whose least offset lies between the reach (91) and max_distance (128)
+    occur here (the Hopper warpgroup's 64 rows against 32-key tiles; Triton's 128 rows), the
+    ones a test against max_distance would put on the wrong side."""
+    from t5x_like.kernels import _flash_mosaic_gpu, _flash_triton
+
+    block_k = 32  # 64-key tiles' least offsets are 1, 65, 129, ...: none in (91, 128]
+    cfg = _cfg(rel_bidirectional=True, num_buckets=32, num_buckets_pad=32, lq=768, lk=768,
+               lq_pad=768, lk_pad=768, block_q=128, block_k=block_k, bwd_block_q=128,
+               bwd_block_k=block_k, rel_max_distance=128)
+    order, nwin = _flash_common.bucket_order(cfg), _flash_gpu_inputs.near_window(cfg)
+
+    def hopper(q0: int, k0: int, ds: jax.Array) -> tuple:  # a warpgroup's 64 rows
+        zero = jnp.zeros((64,), jnp.float32)
+        return _flash_mosaic_gpu._far_tile_sums(cfg, (zero, zero), ds, q0, k0)
+
+    def triton(q0: int, k0: int, ds: jax.Array) -> tuple:  # the program's 128 rows
+        zero = jnp.zeros((128,), jnp.float32)
+        return _flash_triton._far_tile_sums(cfg, ds, q0, k0, jnp.bool_(False), (zero, zero))
+
+    between = 0
+    for i in range(cfg.nq):
+        j0 = int(_flash_gpu_inputs.near_first_block(cfg, i * 128))
+        for j in set(range(cfg.nk)) - set(range(j0, j0 + nwin)):
+            k0 = j * block_k
+            for q0, rows, fn in [(i * 128, 64, hopper), (i * 128 + 64, 64, hopper),
+                                 (i * 128, 128, triton)]:
+                rel = np.arange(k0, k0 + block_k)[None, :] - np.arange(q0, q0 + rows)[:, None]
+                bucket = np.asarray(relative_position_bucket(jnp.asarray(rel)))
+                assert len(set(bucket.ravel())) == 1
+                side = [order[0], order[-1]].index(int(bucket[0, 0]))
+                got = np.stack(fn(q0, k0, jnp.ones((rows, block_k), jnp.float32)))
+                np.testing.assert_array_equal(got[side], block_k)
+                np.testing.assert_array_equal(got[1 - side], 0)
+                between += 91 < rel.min() <= 128
+    assert between > 0
 
 
 def test_near_window_bucket_sums_add_each_stored_element_to_its_bucket() -> None:
