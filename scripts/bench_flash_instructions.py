@@ -72,7 +72,7 @@ def window_share(length: int, rows: int, cols: int, bidirectional: bool) -> floa
     from t5x_like.kernels import _flash_gpu_inputs
 
     cfg = types.SimpleNamespace(block_q=rows, block_k=cols, nq=length // rows,
-                                nk=length // cols, **T5)
+                                nk=length // cols, rel_bidirectional=bidirectional, **T5)
     nwin, tiles, stored = _flash_gpu_inputs.near_window(cfg), 0, 0
     for q0 in range(0, length, rows):
         j0 = int(_flash_gpu_inputs.near_first_block(cfg, q0))
