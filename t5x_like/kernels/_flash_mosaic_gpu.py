@@ -8,7 +8,7 @@ Three kernels, forward, dK/dV and dQ, each one CTA of three warpgroups:
   ring of `num_stages` shared-memory slots. Forward, per k block: K and V `[block_k, D]`, the
   T5 bias tile `[128, block_k]` in q's dtype (a slice of the bias band `gpu_inputs.rel_band`
   builds: no bucket math in the loop; not streamed for a tile wholly beyond where the
-  buckets saturate, whose bias is one number, `tiles.plus_bias`), the keys' segment ids and
+  buckets saturate, whose bias is one number, `tiles.bias_over_scale`), the keys' segment ids and
   prefix flags (dQ: the same). dK/dV, per q block: q and dO, lse and Δ, the transposed bias
   band's tile, the queries' ids and flags.
 
@@ -209,7 +209,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
         m, denom, acc = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in _streams(cfg, ops):
-            if name not in ("v", "rel"):  # v before P·V, the band tile in `tiles.plus_bias`
+            if name not in ("v", "rel"):  # v before P·V, the band tile in `tiles.bias_over_scale`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, q_smem, h, i, j * bk,
                                    qseg, pq, diagonal, after_issue=turns.issued, scaled=not raw,
@@ -404,12 +404,13 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
         for name in streams:
             if name not in ("do", "dot", "delta", "rel"):
                 plgpu.barrier_wait(bars[name].at[slot])
-        x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq) * scale
+        init = None
         if cfg.has_rel:
             varies, right = tiles.bias_varies(cfg, bq, cfg.block_k, i * bq, j * cfg.block_k)
             varies = varies if _dkdv_skips_far(cfg) else None
-            x = tiles.plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies,
-                                right)
+            init = tiles.bias_over_scale(cfg, ops, r, smem, bars, h, slot,
+                                         pl.ds(wg * ROWS, ROWS), bq, varies, right)
+        x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq, init=init) * scale
         x = tiles.masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True,
                          diagonal=diagonal,
                          one_segment=tiles.same_segment(r, b, own_id, "qone", i))
@@ -583,7 +584,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         dq, far = carry
         slot = lax.rem(j - lo, jnp.int32(s))
         for name in streams:
-            if name != "rel":  # the band tile in `tiles.plus_bias`
+            if name != "rel":  # the band tile in `tiles.bias_over_scale`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i,
                                    j * bk, qseg, pq, diagonal,

@@ -52,18 +52,26 @@ class Ops:
             return smem[name + "t"].at[slot]
         return plgpu.transpose_ref(smem[name].at[slot], (1, 0))
 
-    def scores(self, a_smem, bt, n: int, after_issue: Callable[[], None] | None = None
-               ) -> jax.Array:
+    def scores(self, a_smem, bt, n: int, after_issue: Callable[[], None] | None = None,
+               init: jax.Array | None = None) -> jax.Array:
         """a bᵀ [64, n] f32 from a [64, D] in shared memory and bᵀ [D, n] (`transposed`);
-        `after_issue` runs between issuing the wgmma and waiting for its result."""
+        `after_issue` runs between issuing the wgmma and waiting for its result. `init`
+        [64, n] f32 (WGMMA layout): init + a bᵀ, the accumulator starting from it, so the add
+        costs no instruction."""
 
         def run(acc):
             plgpu.wgmma(acc, a_smem, bt)
             if after_issue is not None:
                 after_issue()
+
+        def scoped(acc):
+            run(acc)
             return acc[...]
 
-        return pl.run_scoped(run, plgpu.ACC((ROWS, n), jnp.float32))
+        if init is None or self.interpret:  # the interpreter adds init after the product
+            x = pl.run_scoped(scoped, plgpu.ACC((ROWS, n), jnp.float32))
+            return x if init is None else init + x
+        return pl.run_state(run)(plgpu.ACC.init(init))
 
     def mma_acc(self, acc: jax.Array, a: jax.Array, b_ref, a_smem) -> jax.Array:
         """acc + a b: a [64, n] in b's dtype (registers), b [n, D] in shared memory. The

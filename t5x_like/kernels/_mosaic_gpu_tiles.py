@@ -143,22 +143,26 @@ def bias_varies(cfg: FlashConfig, rows: int, cols: int, q0, k0) -> tuple:
     return (rmin <= reach) & (rmax >= -reach), rmin > reach
 
 
-def plus_bias(ops: Ops, r: dict, smem: dict, bars: dict, h, slot, rows, x: jax.Array, varies,
-               right) -> jax.Array:
-    """x + the tile's T5 bias in base 2: the streamed band tile (`rows` of it) where buckets
+def bias_over_scale(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, h, slot,
+                    rows, cols: int, varies, right) -> jax.Array:
+    """The tile's T5 bias / scale [64, cols] f32, the scores' accumulator to start from
+    (`Ops.scores`' init: times `logit_scale` it is bias · log2 e, so the bias costs its
+    conversion only, not an add a score): the streamed band tile (`rows` of it) where buckets
     vary, after waiting for it; else head h's outermost bucket on the `right` (or left) of the
     diagonal, a scalar read per such tile (holding both across the loop spilled the head_dim
     128 dK/dV kernel)."""
+    unit = 1.0 / cfg.sm_scale
 
-    def band(x):
+    def band():
         plgpu.barrier_wait(bars["rel"].at[slot])
-        tile = ops.load(smem["rel"].at[slot, rows], plgpu.Layout.WGMMA)
-        return x + tile.astype(jnp.float32) * LOG2E
+        tile = ops.load(smem["rel"].at[slot, rows], plgpu.Layout.WGMMA).astype(jnp.float32)
+        return tile if unit == 1.0 else tile * unit
 
-    def far(x):
-        return x + r["relfar"][h, right.astype(jnp.int32)] * LOG2E
+    def far():
+        value = r["relfar"][h, right.astype(jnp.int32)] * unit
+        return ops.layout(jnp.full((ROWS, cols), value, jnp.float32), plgpu.Layout.WGMMA)
 
-    return band(x) if varies is None else lax.cond(varies, band, far, x)
+    return band() if varies is None else lax.cond(varies, band, far)
 
 
 def rel_smem(stages: int, rows: int, cols: int, dtype) -> plgpu.SMEM:
@@ -195,16 +199,18 @@ def query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict
                       q_smem, h, i, k0, qseg, pq, diagonal: bool = True,
                       after_issue=None, scaled: bool = True, one_segment=None) -> jax.Array:
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
-    against the slot's keys (k0...): q kᵀ · scale · log2 e + bias · log2 e, masked to -inf
+    against the slot's keys (k0...): (q kᵀ + bias / scale) · scale · log2 e, masked to -inf
     (`diagonal`, `one_segment`: as `masked`'s; `after_issue`: as `Ops.scores`';
     `scaled=False`: q kᵀ masked, the scale left to the caller, `unscaled_logits`)."""
-    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k, after_issue)
-    if scaled:
-        x = x * logit_scale(cfg)
-    elif cfg.has_rel:
+    if cfg.has_rel and not scaled:
         raise ValueError("unscaled logits have no T5 bias: it adds after the scale")
+    init = None
     if cfg.has_rel:
         varies, right = bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
-        x = plus_bias(ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS), x, varies, right)
+        init = bias_over_scale(cfg, ops, r, smem, bars, h, slot, pl.ds(wg * ROWS, ROWS),
+                               cfg.block_k, varies, right)
+    x = ops.scores(q_smem, ops.transposed(smem, "k", slot), cfg.block_k, after_issue, init)
+    if scaled:
+        x = x * logit_scale(cfg)
     return masked(cfg, ops, smem, slot, x, i * cfg.block_q + wg * ROWS, k0, qseg, pq,
                   diagonal=diagonal, one_segment=one_segment)

@@ -38,7 +38,7 @@ bucket.
 The GPU dQ kernels (Triton, Hopper) store the window's dS tiles (already in the inputs' dtype
 for their dS·K product), which XLA sums over the batch, then by offset, then by bucket
 (O(B·H·Lq·max_distance) memory at most, linear in length), and add a tile beyond the window to its
-side's row sums. The Triton kernel's loop is 379 PTX instructions a tile at length 512 against
+side's row sums. The Triton kernel's loop is 382 PTX instructions a tile at length 512 against
 1,854 with the masked row sum per bucket run the kernel took before, and 294 without a table
 (sm_90, d=64; `benchmarks/flash_instructions.md`). The tile's bias is a block
 load from a precomputed band (`_flash_gpu_inputs.rel_band`; 1.28x faster T5 fwd+bwd at length
