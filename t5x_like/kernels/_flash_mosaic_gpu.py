@@ -19,19 +19,20 @@ and segment bounds are per 128-row block); a warpgroup whose own rows cannot see
 releases it unread, so every barrier phase is waited on by every warpgroup that uses it.
 Forward, per k block, in base 2 with the scale folded in:
 
-    s  = q kᵀ · (scale · log2 e) + bias · log2 e, masked to -inf        [64, block_k] f32
-    m' = max(m, rowmax s);  p = 2^(s - m');  l = l · 2^(m - m') + rowsum p
+    s  = q kᵀ + bias / scale (the wgmma's accumulator starts from the bias), masked to -inf
+    m' = max(m, c · rowmax s);  p = 2^(c · s - m');  l = l · 2^(m - m') + rowsum p
     acc = acc · 2^(m - m') + p v                                      [64, D] f32
 
-(without a bias the max is taken over q kᵀ and scaled after, `tiles.unscaled_logits`: one
-FMUL a score fewer), and at the end o = acc / l, lse = (m + log2 l) · ln 2 (rows with no
-allowed key: o = 0, lse = 0, as the Triton kernel). A tile inside one packed example skips
-the segment test (`tiles.masked`). The two warpgroups take turns on the tensor cores
-(`PingPong`): one's softmax runs while the other's matmuls do. dK/dV works with keys as
-rows (`_dkdv_consumer`), so every wgmma takes its register operand untransposed. dQ also
-yields the T5 table's gradient, as the Triton kernel does: the near-diagonal dS tiles
-stored, the others' row sums per side (`_far_tile_sums`), both reduced by bucket in XLA
-(`gpu_inputs.window_table_gradient`).
+with c = scale · log2 e (the max is taken over the unscaled scores and scaled after, the
+scale rides in the exponent's FFMA, `tiles.unscaled_logits`: no FMUL a score; the backward
+kernels' 2^(c · s - lse · log2 e) the same), and at the end o = acc / l,
+lse = (m + log2 l) · ln 2 (rows with no allowed key: o = 0, lse = 0, as the Triton kernel).
+A tile inside one packed example skips the segment test (`tiles.masked`). The two
+warpgroups take turns on the tensor cores (`PingPong`): one's softmax runs while the other's
+matmuls do. dK/dV works with keys as rows (`_dkdv_consumer`), so every wgmma takes its
+register operand untransposed. dQ also yields the T5 table's gradient, as the Triton kernel
+does: the near-diagonal dS tiles stored, the others' row sums per side (`_far_tile_sums`),
+both reduced by bucket in XLA (`gpu_inputs.window_table_gradient`).
 
 The warp-specialised machinery (producer, barriers, what differs in interpret mode) is
 `_mosaic_gpu_pipeline`. **Interpret mode** (the CPU tests) runs these kernels under Pallas' GPU
@@ -200,7 +201,7 @@ def _consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi
     q_smem = smem["q"].at[wg]
     when = _fwd_when(cfg, i)
     turns = PingPong(bars, wg)
-    # Without a T5 bias the max is over raw q kᵀ and the scale rides in the exponent's FFMA.
+    # The max is over the raw scores, q kᵀ + bias / scale; the scale rides in the exp2 FFMA.
     raw = tiles.unscaled_logits(cfg)
     c = tiles.logit_scale(cfg) if raw else 1.0
     own_id = tiles.row_segment(cfg, r, b, "qone", q0 // ROWS)
@@ -359,6 +360,13 @@ def _dkdv_skips_far(cfg: FlashConfig) -> bool:
     return cfg.has_rel and not (cfg.head_dim_pad > 64 and cfg.has_prefix)
 
 
+def _dkdv_unscaled(cfg: FlashConfig) -> bool:
+    """Whether dK/dV scales its scores inside the exponent's FFMA (`tiles.unscaled_logits`):
+    not at head_dim 128, where that spilled registers (4/20 B, packed causal with a T5 table)
+    beside the two accumulators."""
+    return tiles.unscaled_logits(cfg) and cfg.head_dim_pad <= 64
+
+
 def _dkdv_when(cfg: FlashConfig, j) -> dict:
     """dK/dV's streams loaded on some steps only: the transposed band tile of q block i where
     the CTA's tile (its 128 keys against the block's queries) may hold more than one bucket."""
@@ -393,7 +401,7 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
     kseg = ops.load(smem["kseg"].at[wg], row_layout) if cfg.has_seg else None  # broadcast
     pk = ops.load(smem["pk"].at[wg], row_layout) if cfg.has_prefix else None  # in the loop
     a_smem = smem["a"].at[wg] if ops.interpret else None
-    scale = tiles.logit_scale(cfg)
+    scale, raw = tiles.logit_scale(cfg), _dkdv_unscaled(cfg)
     streams = _dkdv_streams(cfg, ops)
     when = _dkdv_when(cfg, j)
     own_id = tiles.row_segment(cfg, r, b, "kone", k0 // ROWS)
@@ -410,11 +418,12 @@ def _dkdv_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, j, l
             varies = varies if _dkdv_skips_far(cfg) else None
             init = tiles.bias_over_scale(cfg, ops, r, smem, bars, h, slot,
                                          pl.ds(wg * ROWS, ROWS), bq, varies, right)
-        x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq, init=init) * scale
-        x = tiles.masked(cfg, ops, smem, slot, x, i * bq, k0, kseg, pk, keys_as_rows=True,
-                         diagonal=diagonal,
+        x = ops.scores(smem["k"].at[wg], ops.transposed(smem, "q", slot), bq, init=init)
+        x = tiles.masked(cfg, ops, smem, slot, x if raw else x * scale, i * bq, k0, kseg, pk,
+                         keys_as_rows=True, diagonal=diagonal,
                          one_segment=tiles.same_segment(r, b, own_id, "qone", i))
-        p = jnp.exp2(x - cols_of(ops.load(smem["lse"].at[slot], col_layout)))  # lse · log2 e
+        lse2 = cols_of(ops.load(smem["lse"].at[slot], col_layout))  # lse · log2 e
+        p = jnp.exp2((x * scale if raw else x) - lse2)  # raw: one FFMA a score
         for name in ("do", "dot", "delta"):
             if name in streams:
                 plgpu.barrier_wait(bars[name].at[slot])
@@ -572,6 +581,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
     delta = ops.load(smem["delta"].at[wg], row_layout)
     a_smem = smem["a"].at[wg] if ops.interpret else None
     streams = _dq_streams(cfg, ops)
+    raw, c = tiles.unscaled_logits(cfg), tiles.logit_scale(cfg)
     when = _fwd_when(cfg, i)
     own_id = tiles.row_segment(cfg, r, b, "qone", q0 // ROWS)
     if cfg.has_rel:  # the q block's window; this warpgroup's rows of its stored dS tiles
@@ -587,9 +597,9 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
             if name != "rel":  # the band tile in `tiles.bias_over_scale`
                 plgpu.barrier_wait(bars[name].at[slot])
         x = tiles.query_row_logits(cfg, ops, r, smem, bars, slot, wg, smem["q"].at[wg], h, i,
-                                   j * bk, qseg, pq, diagonal,
+                                   j * bk, qseg, pq, diagonal, scaled=not raw,
                                    one_segment=tiles.same_segment(r, b, own_id, "kone", j))
-        p = jnp.exp2(x - rows_of(lse2))
+        p = jnp.exp2((x * c if raw else x) - rows_of(lse2))  # raw: one FFMA a score
         dp = ops.scores(smem["do"].at[wg], ops.transposed(smem, "v", slot), bk)
         ds = p * (dp - rows_of(delta))
         dq = ops.mma_acc(dq, ds.astype(dtype), smem["k"].at[slot], a_smem)

@@ -188,11 +188,12 @@ def logit_scale(cfg: FlashConfig) -> float:
 
 
 def unscaled_logits(cfg: FlashConfig) -> bool:
-    """Whether the forward can take its row max over q kᵀ as it comes from wgmma and scale the
-    max instead of every score: without a T5 bias (which adds after the scale) and with a
-    positive scale (max(s) · c = max(s · c), rounding included, for c > 0). The scale then
-    rides in the exponent's FFMA, 2^(s · c - m), and the tile's 64 FMULs a thread go."""
-    return not cfg.has_rel and cfg.sm_scale > 0
+    """Whether the kernels can leave the scores as wgmma returns them, q kᵀ (+ the T5 bias over
+    the scale, the accumulator's start), and scale inside the exponent's FFMA, 2^(s · c - m)
+    (m: the forward's scaled row max, the backward's lse · log2 e), so a tile's FMUL a score
+    goes: with a positive scale (max(s) · c = max(s · c), rounding included, and a masked -inf
+    stays -inf, for c > 0)."""
+    return cfg.sm_scale > 0
 
 
 def query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict, slot, wg,
@@ -201,9 +202,8 @@ def query_row_logits(cfg: FlashConfig, ops: Ops, r: dict, smem: dict, bars: dict
     """Logits [64, block_k] f32 in base 2 of the warpgroup's query rows (head h, q block i)
     against the slot's keys (k0...): (q kᵀ + bias / scale) · scale · log2 e, masked to -inf
     (`diagonal`, `one_segment`: as `masked`'s; `after_issue`: as `Ops.scores`';
-    `scaled=False`: q kᵀ masked, the scale left to the caller, `unscaled_logits`)."""
-    if cfg.has_rel and not scaled:
-        raise ValueError("unscaled logits have no T5 bias: it adds after the scale")
+    `scaled=False`: q kᵀ + bias / scale masked, the scale left to the caller,
+    `unscaled_logits`)."""
     init = None
     if cfg.has_rel:
         varies, right = bias_varies(cfg, cfg.block_q, cfg.block_k, i * cfg.block_q, k0)
