@@ -31,7 +31,7 @@ A tile inside one packed example skips the segment test (`tiles.masked`). The tw
 warpgroups take turns on the tensor cores (`PingPong`): one's softmax runs while the other's
 matmuls do. dK/dV works with keys as rows (`_dkdv_consumer`), so every wgmma takes its
 register operand untransposed. dQ also yields the T5 table's gradient, as the Triton kernel
-does: the near-diagonal dS tiles stored, the others' row sums per side (`_far_tile_sums`),
+does: the near-diagonal dS tiles stored, the others' row sums per side (`tiles.far_tile_sums`),
 both reduced by bucket in XLA (`gpu_inputs.window_table_gradient`).
 
 The warp-specialised machinery (producer, barriers, what differs in interpret mode) is
@@ -541,17 +541,6 @@ def _dq_scratch(cfg: FlashConfig, dtype, ops: Ops) -> tuple[dict, dict]:
     return smem, barriers(own, _dq_streams(cfg, ops), s)
 
 
-def _far_tile_sums(cfg: FlashConfig, far: tuple, ds: jax.Array, q0, k0) -> tuple:
-    """far = (left, right) [64] row sums of dS += the tile's, on its side of the diagonal: a
-    tile outside its q block's window (`gpu_inputs.near_window`) lies beyond the window's reach
-    on one side, wholly in that side's outermost bucket (`common.bucket_order`'s first or last).
-    Two row vectors (4 registers a thread) instead of a [64, buckets] accumulator (16)."""
-    rmin, _ = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
-    rows = ds.sum(axis=1)
-    return lax.cond(rmin > 0, lambda f: (f[0], f[1] + rows),
-                    lambda f: (f[0] + rows, f[1]), far)
-
-
 def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo, hi, wg,
                  ops: Ops):
     """dQ of the warpgroup's 64 query rows over k blocks [lo, hi), and with a T5 table its
@@ -606,7 +595,7 @@ def _dq_consumer(cfg: FlashConfig, r: dict, smem: dict, bars: dict, b, h, i, lo,
         if cfg.has_rel:
             in_window = (j0 <= j) & (j < j0 + nwin)
             far = lax.cond(in_window, lambda f: f,
-                           lambda f: _far_tile_sums(cfg, f, ds, q0, j * bk), far)
+                           lambda f: tiles.far_tile_sums(cfg, f, ds, q0, j * bk), far)
 
             @pl.when(in_window)
             def _():

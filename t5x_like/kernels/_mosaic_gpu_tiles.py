@@ -131,6 +131,18 @@ def _masked(cfg: FlashConfig, ops: Ops, smem: dict, slot, x: jax.Array, q0, k0, 
     return x if allowed is None else jnp.where(allowed, x, NEG_INF)
 
 
+def far_tile_sums(cfg: FlashConfig, far: tuple, ds: jax.Array, q0, k0) -> tuple:
+    """far = (left, right) [64] row sums of dS += the tile's, on its side of the diagonal (the
+    dQ kernel's table gradient): a tile outside its q block's window (`gpu_inputs.near_window`)
+    lies beyond the window's reach on one side, wholly in that side's outermost bucket
+    (`common.bucket_order`'s first or last). Two row vectors (4 registers a thread) instead of
+    a [64, buckets] accumulator (16)."""
+    rmin, _ = common.tile_offset_range(ROWS, cfg.block_k, q0, k0)
+    rows = ds.sum(axis=1)
+    return lax.cond(rmin > 0, lambda f: (f[0], f[1] + rows),
+                    lambda f: (f[0] + rows, f[1]), far)
+
+
 def bias_varies(cfg: FlashConfig, rows: int, cols: int, q0, k0) -> tuple:
     """(whether tile [q0, q0 + rows) x [k0, k0 + cols) may hold more than one T5 bucket, whether
     it lies right of the diagonal): beyond `gpu_inputs.window_reach` (where the buckets

@@ -201,12 +201,13 @@ def test_buckets_are_constant_beyond_the_window_reach(bidirectional: bool, num_b
 
 
 def test_far_tiles_are_summed_on_their_side() -> None:
-    """Both dQ kernels' `_far_tile_sums` on T5's own buckets (32, 128), every tile outside its
-    q block's window: the row sums go to the side (left, right) whose outermost bucket holds
-    the whole tile. Tiles whose least offset lies between the reach (91) and max_distance (128)
-    occur here (the Hopper warpgroup's 64 rows against 32-key tiles; Triton's 128 rows), the
-    ones a test against max_distance would put on the wrong side."""
-    from t5x_like.kernels import _flash_mosaic_gpu, _flash_triton
+    """Both dQ kernels' far-tile sums (Hopper `far_tile_sums`, Triton `_far_tile_sums`) on T5's
+    own buckets (32, 128), every tile outside its q block's window: the row sums go to the side
+    (left, right) whose outermost bucket holds the whole tile. Tiles whose least offset lies
+    between the reach (91) and max_distance (128) occur here (the Hopper warpgroup's 64 rows
+    against 32-key tiles; Triton's 128 rows), the ones a test against max_distance would put
+    on the wrong side."""
+    from t5x_like.kernels import _flash_triton, _mosaic_gpu_tiles
 
     block_k = 32  # 64-key tiles' least offsets are 1, 65, 129, ...: none in (91, 128]
     cfg = _cfg(rel_bidirectional=True, num_buckets=32, num_buckets_pad=32, lq=768, lk=768,
@@ -216,7 +217,7 @@ def test_far_tiles_are_summed_on_their_side() -> None:
 
     def hopper(q0: int, k0: int, ds: jax.Array) -> tuple:  # a warpgroup's 64 rows
         zero = jnp.zeros((64,), jnp.float32)
-        return _flash_mosaic_gpu._far_tile_sums(cfg, (zero, zero), ds, q0, k0)
+        return _mosaic_gpu_tiles.far_tile_sums(cfg, (zero, zero), ds, q0, k0)
 
     def triton(q0: int, k0: int, ds: jax.Array) -> tuple:  # the program's 128 rows
         zero = jnp.zeros((128,), jnp.float32)
