@@ -148,8 +148,8 @@ def bias_varies(cfg: FlashConfig, rows: int, cols: int, q0, k0) -> tuple:
     it lies right of the diagonal): beyond `gpu_inputs.window_reach` (where the buckets
     saturate) on one side every offset k - q is in that side's outermost bucket
     (`gpu_inputs.rel_far`), so such a tile's bias is one number and its band tile is not
-    streamed. Corner arithmetic on the CTA's tile, so the producer and
-    both compute warpgroups agree."""
+    streamed. Corner arithmetic on the CTA's tile, so the producer and both compute warpgroups
+    agree."""
     rmin, rmax = common.tile_offset_range(rows, cols, q0, k0)
     reach = gpu_inputs.window_reach(cfg)
     return (rmin <= reach) & (rmax >= -reach), rmin > reach
